@@ -1,0 +1,164 @@
+"""GPU and interconnect catalogue.
+
+Figures are the vendors' published dense (non-sparse) peaks, per GPU, from the NVIDIA A100,
+H100, H200 and DGX B200 datasheets. Bandwidths are per direction, because that is what a
+ring or all-to-all collective moves data with. Users add their own GPUs in YAML with
+:func:`load_hardware` (or the ``CUBIC_HARDWARE`` environment variable), using the same keys
+as :class:`GPU`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    """One accelerator model and the node it usually sits in.
+
+    ``peak_tflops`` maps a precision to dense peak TFLOP/s; a precision that the chip lacks
+    (FP8 on A100) is absent. Link bandwidths are GB/s per GPU per direction; latencies are
+    the per-message start-up cost (the alpha of the alpha-beta model) in microseconds.
+    """
+
+    name: str
+    peak_tflops: dict[str, float]
+    hbm_gb: float
+    hbm_gbs: float
+    nvlink_gbs: float
+    nic_gbs: float
+    pcie_gbs: float
+    gpus_per_node: int = 8
+    host_mem_gb_per_node: float = 2048.0
+    nvlink_latency_us: float = 3.0
+    nic_latency_us: float = 10.0
+    price_per_hour: float = 2.0
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s (not TFLOP/s) at ``precision``; FP8 falls back to BF16 where absent."""
+        if precision == "fp8" and "fp8" not in self.peak_tflops:
+            precision = "bf16"
+        if precision == "fp16" and "fp16" not in self.peak_tflops:
+            precision = "bf16"
+        return self.peak_tflops[precision] * 1e12
+
+    @property
+    def has_fp8(self) -> bool:
+        return "fp8" in self.peak_tflops
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_A100 = {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}
+_H100 = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}
+_B200 = {"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}
+
+_BUILTIN: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU(
+            "a100_40gb", _A100, hbm_gb=40, hbm_gbs=1555, nvlink_gbs=300, nic_gbs=25,
+            pcie_gbs=25, price_per_hour=1.3,
+            source="NVIDIA A100 datasheet; DGX A100: 8x 200 Gb/s HDR, NVLink3 600 GB/s",
+        ),
+        GPU(
+            "a100_80gb", _A100, hbm_gb=80, hbm_gbs=2039, nvlink_gbs=300, nic_gbs=25,
+            pcie_gbs=25, price_per_hour=1.8,
+            source="NVIDIA A100 datasheet (SXM4 80 GB, 2039 GB/s)",
+        ),
+        GPU(
+            "h100_sxm", _H100, hbm_gb=80, hbm_gbs=3350, nvlink_gbs=450, nic_gbs=50,
+            pcie_gbs=55, price_per_hour=3.0,
+            source="NVIDIA H100 datasheet; DGX H100: 8x 400 Gb/s NDR, NVLink4 900 GB/s",
+        ),
+        GPU(
+            "h200", _H100, hbm_gb=141, hbm_gbs=4800, nvlink_gbs=450, nic_gbs=50,
+            pcie_gbs=55, price_per_hour=3.7,
+            source="NVIDIA H200 datasheet (141 GB HBM3e, 4.8 TB/s)",
+        ),
+        GPU(
+            "b200", _B200, hbm_gb=180, hbm_gbs=8000, nvlink_gbs=900, nic_gbs=50,
+            pcie_gbs=55, price_per_hour=5.5,
+            source="NVIDIA DGX B200 datasheet (NVLink5 1.8 TB/s, 8x 400 Gb/s)",
+        ),
+    )
+}
+
+_USER: dict[str, GPU] = {}
+
+
+class HardwareError(ValueError):
+    """A hardware name that is not in the catalogue, or a malformed hardware file."""
+
+
+def load_hardware(path: str | Path) -> list[GPU]:
+    """Add the GPUs described in a YAML file to the catalogue.
+
+    The file holds ``gpus: {name: {peak_tflops: {...}, hbm_gb: ..., ...}}``; a GPU may name
+    ``base: h100_sxm`` to inherit every field it does not set.
+    """
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise HardwareError(f"{path}: cannot read hardware file: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), dict):
+        raise HardwareError(f"{path}: expected a mapping with a 'gpus' key")
+    added = []
+    for name, spec in doc["gpus"].items():
+        if not isinstance(spec, dict):
+            raise HardwareError(f"{path}: gpu '{name}': expected a mapping")
+        spec = dict(spec)
+        base = spec.pop("base", None)
+        fields: dict[str, Any] = {}
+        if base is not None:
+            fields = get_gpu(base).to_dict()
+        fields.update(spec)
+        fields["name"] = str(name)
+        try:
+            gpu = GPU(**fields)
+        except TypeError as exc:
+            raise HardwareError(f"{path}: gpu '{name}': {exc}") from exc
+        if "bf16" not in gpu.peak_tflops:
+            raise HardwareError(f"{path}: gpu '{name}': peak_tflops needs at least 'bf16'")
+        bad = set(gpu.peak_tflops) - set(PRECISIONS)
+        if bad:
+            raise HardwareError(f"{path}: gpu '{name}': unknown precision(s) {sorted(bad)}")
+        _USER[gpu.name] = gpu
+        added.append(gpu)
+    return added
+
+
+def _load_env() -> None:
+    paths = os.environ.get("CUBIC_HARDWARE", "")
+    for p in filter(None, paths.split(os.pathsep)):
+        load_hardware(p)
+
+
+def catalogue() -> dict[str, GPU]:
+    """Every known GPU: the built-in ones, then those loaded from YAML."""
+    return {**_BUILTIN, **_USER}
+
+
+def get_gpu(name: str) -> GPU:
+    gpus = catalogue()
+    if name not in gpus:
+        raise HardwareError(f"unknown gpu '{name}'; known: {', '.join(sorted(gpus))}")
+    return gpus[name]
+
+
+_load_env()
