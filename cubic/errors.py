@@ -34,9 +34,17 @@ class TrialFinished(Conflict):
 
 
 class InvalidInput(CubicError):
-    """An argument is malformed or out of range; retrying the same call cannot succeed."""
+    """An argument is malformed or out of range; retrying the same call cannot succeed.
+
+    ``field`` names the offending input (a dotted path such as ``"space.tp"``) when known, so
+    an API response can point at it.
+    """
 
     status_code = 422
+
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class SchemaOutOfDate(CubicError):

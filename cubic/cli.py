@@ -1,0 +1,320 @@
+"""The ``cubic`` command.
+
+Every command that touches the database reads ``CUBIC_DATABASE_URL`` (or ``--db``); every
+error cubic raises on purpose is printed as one line and exits 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cubic.errors import CubicError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="cubic: find the fastest configuration for distributed training jobs.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+spaces_app = typer.Typer(no_args_is_help=True, help="Search spaces.")
+study_app = typer.Typer(no_args_is_help=True, help="Studies (search jobs).")
+sim_app = typer.Typer(no_args_is_help=True, help="The simulated cluster.")
+app.add_typer(db_app, name="db")
+app.add_typer(spaces_app, name="spaces")
+app.add_typer(study_app, name="study")
+app.add_typer(sim_app, name="sim")
+
+console = Console()
+err_console = Console(stderr=True)
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="database URL (CUBIC_DATABASE_URL)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+def _url(db: str | None) -> str:
+    from cubic.config import Settings
+
+    return db or Settings().database_url
+
+
+def _tuner(db: str | None):  # noqa: ANN202 - lazy import keeps `cubic --help` fast
+    from cubic.store import Store
+    from cubic.tuner import Tuner
+
+    return Tuner(Store(_url(db)))
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+# db -----------------------------------------------------------------------------------------
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Create or migrate the database schema to this version of cubic."""
+    from cubic.store.schema import head_revision, upgrade
+
+    url = _url(db)
+    upgrade(url)
+    console.print(f"database at revision {head_revision()}: {_redact(url)}")
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+# spaces -------------------------------------------------------------------------------------
+@spaces_app.command("validate")
+def spaces_validate(
+    file: Path,
+    workload: Annotated[str | None, typer.Option(help="workload name or file, to count the "
+                                                      "valid configs")] = None,
+) -> None:
+    """Check a search-space file; with --workload, also count its valid configurations."""
+    from cubic.space import validate_file
+    from cubic.workload import get_workload
+
+    ctx = get_workload(workload).context() if workload else None
+    space = validate_file(file, ctx)
+    msg = f"{file}: ok, {len(space.names)} parameters"
+    if ctx is not None and space.is_finite:
+        msg += f", {space.size(ctx):,} valid configurations for {workload}"
+    console.print(msg)
+
+
+# studies ------------------------------------------------------------------------------------
+@study_app.command("create")
+def study_create(file: Path, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """Create a study from a YAML spec."""
+    from cubic.study import load_spec
+
+    spec, base = load_spec(file)
+    study = _tuner(db).create_study(spec, base)
+    if json_out:
+        _print_json({"id": study.id, "name": study.name})
+    else:
+        console.print(f"created study {study.id}: {study.name}")
+
+
+@study_app.command("list")
+def study_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """List studies."""
+    tuner = _tuner(db)
+    studies = tuner.store.list_studies(limit=1000)
+    if json_out:
+        _print_json([{"id": s.id, "name": s.name, "state": str(s.state),
+                      "kind": s.workload_kind} for s in studies])
+        return
+    table = Table("id", "name", "kind", "state", "trials")
+    for s in studies:
+        counts = tuner.store.count_trials(s.id)
+        table.add_row(str(s.id), s.name, s.workload_kind, str(s.state),
+                      str(sum(counts.values())))
+    console.print(table)
+
+
+@study_app.command("show")
+def study_show(study_id: int, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """Show a study's spec summary and progress."""
+    tuner = _tuner(db)
+    s = tuner.store.get_study(study_id)
+    prog = tuner.progress(study_id)
+    if json_out:
+        _print_json({"id": s.id, "name": s.name, "state": str(s.state), "spec": s.spec,
+                     "progress": prog})
+        return
+    spec = s.spec
+    console.print(f"[bold]study {s.id}[/bold]: {s.name} ({s.workload_kind}, {s.state})")
+    console.print(f"workload: {spec['workload']['name']} on {spec['workload']['cluster']}")
+    objs = ", ".join(f"{o['direction']} {o['metric']}" for o in spec["objectives"])
+    console.print(f"objectives: {objs}; strategy: {spec['strategy']['name']}")
+    console.print(f"trials: {prog['counts']} of budget {prog['max_trials']}")
+
+
+@app.command("trials")
+def trials(
+    study_id: int,
+    state: Annotated[str | None, typer.Option(help="only trials in this state")] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List a study's trials."""
+    tuner = _tuner(db)
+    states = [state] if state else None
+    rows = tuner.store.list_trials(study_id, states=states)
+    if json_out:
+        _print_json([_trial_json(t) for t in rows])
+        return
+    metric = tuner.resolved(study_id).spec.objectives[0].metric
+    table = Table("#", "state", "source", "attempt", metric, "params")
+    for t in rows:
+        v = (t.metrics or {}).get(metric)
+        table.add_row(str(t.number), str(t.state), t.source, str(t.attempt),
+                      f"{v:,.1f}" if isinstance(v, int | float) else "",
+                      _short(t.params))
+    console.print(table)
+
+
+def _short(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _trial_json(t: Any) -> dict[str, Any]:
+    return {"id": t.id, "number": t.number, "state": str(t.state), "source": t.source,
+            "attempt": t.attempt, "params": t.params, "metrics": t.metrics,
+            "predicted": t.predicted, "error": t.error}
+
+
+@app.command("best")
+def best(study_id: int, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """The best configuration found so far, and its speed-up over the baseline."""
+    tuner = _tuner(db)
+    b = tuner.best(study_id)
+    if b is None:
+        raise CubicError(f"study {study_id} has no complete trial yet")
+    out = {"study_id": study_id, "trial": _trial_json(b.trial), "value": b.value,
+           "baseline_value": b.baseline_value, "speedup": b.speedup}
+    if json_out:
+        _print_json(out)
+        return
+    _print_best(tuner.resolved(study_id).spec.objectives[0].metric, b)
+
+
+def _print_best(metric: str, b: Any) -> None:
+    table = Table("knob", "value", title=f"best config (trial {b.trial.number})")
+    for k, v in b.trial.params.items():
+        table.add_row(k, str(v))
+    console.print(table)
+    console.print(f"{metric}: [bold]{b.value:,.1f}[/bold]")
+    if b.speedup is not None:
+        console.print(f"baseline {metric}: {b.baseline_value:,.1f}  ->  "
+                      f"speed-up [bold green]{b.speedup:.2f}x[/bold green]")
+
+
+# simulator ----------------------------------------------------------------------------------
+def _load_yaml(path: Path, what: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CubicError(f"{path}: cannot read {what}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CubicError(f"{path}: a {what} must be a mapping")
+    return doc
+
+
+@app.command("simulate")
+def simulate_cmd(
+    workload: Annotated[str, typer.Option(help="workload name or YAML file")],
+    config: Annotated[Path, typer.Option(help="YAML file with the knobs")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict step time, throughput, memory and MFU of one configuration."""
+    from cubic.sim import simulate
+    from cubic.workload import get_workload
+
+    wl = get_workload(workload)
+    cfg = _load_yaml(config, "config")
+    row = simulate(wl, [cfg]).row(0)
+    if json_out:
+        _print_json(row)
+        return
+    table = Table("output", "value", title=f"{wl.name} on {wl.cluster.num_gpus}x {wl.cluster.gpu}")
+    if row["feasible"]:
+        table.add_row("step time", f"{row['step_time_s']:.3f} s")
+        table.add_row("throughput", f"{row['throughput']:,.0f} {row['throughput_unit']}")
+        table.add_row("MFU", f"{row['mfu']:.1%}")
+    else:
+        table.add_row("runs", f"[red]no: {row['reason']}[/red]")
+    table.add_row("peak memory / GPU", f"{row['peak_memory_gb']:.1f} GB")
+    table.add_row("numerical-error score", f"{row['error_score']:.3g}")
+    for k, v in row["breakdown_s"].items():
+        table.add_row(f"  time: {k}", f"{v:.4f} s")
+    for k, v in row["memory_gb"].items():
+        table.add_row(f"  memory: {k}", f"{v:.2f} GB")
+    console.print(table)
+
+
+@sim_app.command("validate")
+def sim_validate(
+    file: Annotated[Path | None, typer.Argument(help="CSV of published runs (default: shipped)")]
+    = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulate every published run in a calibration CSV and report the error."""
+    from cubic.sim.calibrate import default_csv, load_rows, validate
+
+    res = validate(load_rows(file or default_csv()))
+    if json_out:
+        _print_json(res)
+        return
+    table = Table("id", "metric", "published", "predicted", "error")
+    for r in res["rows"]:
+        table.add_row(r["id"], r["metric"], f"{r['published']:,.3f}", f"{r['predicted']:,.3f}",
+                      f"{r['error_pct']:+.1f}%")
+    console.print(table)
+    for src, m in res["by_source"].items():
+        console.print(f"MAPE {m:5.1f}%  {src}")
+    console.print(f"[bold]overall MAPE {res['mape']:.1f}%[/bold]")
+
+
+@sim_app.command("bench")
+def sim_bench(
+    n: Annotated[int, typer.Option(help="configurations per batch")] = 200_000,
+    repeat: Annotated[int, typer.Option(help="batches to time")] = 3,
+) -> None:
+    """Print how many configurations per second the simulator scores (one core)."""
+    from cubic.sim.bench import bench
+
+    for line in bench(n, repeat):
+        console.print(line)
+
+
+# demo ---------------------------------------------------------------------------------------
+@app.command("demo")
+def demo(
+    study: Annotated[Path | None, typer.Option(help="study file (default: the shipped "
+                                                    "Llama-3 70B study)")] = None,
+    trials: Annotated[int | None, typer.Option(help="override the trial budget")] = None,
+    workers: Annotated[int, typer.Option(help="simulated workers")] = 4,
+    db: Annotated[str | None, typer.Option("--db", help="database URL (default: a fresh "
+                                                        "SQLite file)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the search and the noise")] = 0,
+) -> None:
+    """Run a whole study in-process on SQLite against the simulated cluster."""
+    from cubic.demo import run_demo
+
+    run_demo(study, trials=trials, workers=workers, db=db, seed=seed, console=console)
+
+
+def main() -> None:
+    """Entry point: cubic's own errors become one line on stderr and exit status 2."""
+    from cubic.hardware import HardwareError
+    from cubic.space import SpaceError
+    from cubic.workload import WorkloadError
+
+    try:
+        app(standalone_mode=False)
+    except (CubicError, SpaceError, WorkloadError, HardwareError) as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,696 @@
+"""Analytical performance and memory model of Megatron-style LLM training.
+
+One call prices a whole batch of configurations (a struct of arrays) with NumPy, so a search
+can ask about hundreds of thousands of layouts per second. The model is the one engineers
+reason with:
+
+* compute: the GEMMs of each transformer layer (QKV with grouped-query attention, attention
+  scores and values, output projection, MLP with two or three matrices, the LM head on the
+  last stage), split by tensor (and context) parallelism, at an efficiency that rises with
+  the GEMM's size; backward is twice the forward. Non-GEMM work (norms, residuals,
+  activations, softmax, cross entropy, FP8 casts) is priced as memory traffic over HBM
+  bandwidth. FLOP counts follow Narayanan et al. (SC21) and Korthikanti et al. (2022).
+* activation recomputation: ``full`` reruns every layer's forward, ``selective`` only the
+  attention core (Korthikanti et al. 2022).
+* communication: tensor-parallel all-reduces (or reduce-scatter + all-gather with sequence
+  parallelism), context-parallel ring exchange of K and V, pipeline point-to-point sends,
+  data-parallel gradient reduction and parameter gathers per ZeRO stage (Rajbhandari et al.
+  2020), each priced by :mod:`cubic.sim.collectives` and partly hidden where Megatron-LM
+  overlaps it.
+* pipeline: the 1F1B bubble ``(p-1)/m`` and the interleaved one ``(p-1)/(v m)``
+  (Narayanan et al. SC21).
+* memory: Megatron's mixed-precision accounting (2-byte weights, 4-byte main gradients,
+  12 bytes of Adam state per parameter, sharded per ZeRO stage) and Korthikanti et al.'s
+  activation formula, generalised to gated MLPs, grouped-query attention and flash attention,
+  with the number of micro-batches the first pipeline stage keeps in flight.
+
+The free constants below were fitted once against the published runs in
+``cubic/data/published_runs.csv`` (see :mod:`cubic.sim.calibrate`); one set explains every
+source.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cubic.hardware import GPU
+from cubic.sim import collectives as coll
+from cubic.sim.arrays import as_arrays
+from cubic.sim.result import SimResult
+from cubic.workload import LLM, Cluster, Training, Workload
+
+# ---------------------------------------------------------------------------------------------
+# Calibrated constants (one set for every GPU and source).
+# ---------------------------------------------------------------------------------------------
+#: Largest fraction of dense peak that a big BF16/FP16 GEMM reaches inside a training step.
+GEMM_EFF_MAX = 0.80
+#: GEMM size (ideal seconds at peak) at which efficiency is half of GEMM_EFF_MAX: small
+#: GEMMs (small micro-batches, high TP) lose to launch latency, tails and wave quantisation.
+GEMM_T_HALF = 2.0e-6
+#: How sharply efficiency saturates with GEMM size: eff = max / (1 + (t_half / t) ** alpha).
+GEMM_ALPHA = 0.6
+#: FP8 GEMMs reach a smaller fraction of their (doubled) peak than BF16 ones.
+FP8_GEMM_EFF = 0.80
+#: Fraction of BF16 peak a fused flash-attention kernel reaches (forward).
+FLASH_EFF = 0.55
+#: Flash attention's backward does 2.5x the forward's FLOPs: it recomputes the scores
+#: (Dao, FlashAttention-2, 2023).
+FLASH_BWD = 2.5
+#: Fraction of HBM bandwidth that element-wise kernels (norms, residuals, activations,
+#: softmax, casts, the optimizer) reach.
+ELEM_BW_EFF = 0.70
+#: Fixed gaps per layer per micro-batch (forward + backward): kernel launches, syncs.
+LAYER_OVERHEAD_S = 30e-6
+#: With ``tp_comm_overlap`` (userbuffers GEMM/communication overlap), the fraction of the
+#: tensor-parallel traffic hidden behind GEMMs.
+TP_OVERLAP = 0.80
+#: Without it, the fraction of the backward TP collectives Megatron still hides behind the
+#: weight-gradient GEMMs (asynchronous input-gradient all-reduce / all-gather).
+TP_BWD_ASYNC = 0.50
+#: Fraction of the attention compute behind which context-parallel K/V exchange hides.
+CP_OVERLAP = 0.85
+#: Fraction of pipeline point-to-point time left on the critical path.
+PP_EXPOSED = 0.5
+#: Runtime memory besides model state and activations: CUDA context, NCCL buffers,
+#: allocator reserve (bytes), plus fragmentation as a fraction of activations.
+MEM_BASE = 2.5 * 2**30
+MEM_FRAG = 0.05
+
+# ---------------------------------------------------------------------------------------------
+# Fixed accounting (not fitted): counts of bytes moved or stored, from the sources named.
+# ---------------------------------------------------------------------------------------------
+#: Element-wise traffic per token per layer in forward, in elements: two norms (read and
+#: write h each), two residual adds fused with bias and dropout (read 2h, write h, mask).
+ELEM_H = 11.0
+#: Forward element-wise traffic of the attention softmax without flash attention, per token
+#: per head per key (fused scale-mask-softmax read/write, dropout read/write and 1-byte mask).
+ELEM_SOFTMAX = 4.5
+#: Backward element-wise traffic relative to forward.
+ELEM_BWD = 2.0
+#: Bytes per logit for the fp32 vocab-parallel cross entropy, forward and backward.
+CE_BYTES = 20.0
+#: Bytes per FP8 GEMM input element for the cast (read 2, write 1) and amax.
+FP8_CAST_BYTES = 3.0
+#: Optimizer step bytes per locally-updated parameter (Adam: read fp32 grad, read/write fp32
+#: master, m and v, write the 2-byte weight, plus the grad-norm pass).
+OPT_STEP_BYTES = {"adam": 34.0, "adagrad": 26.0, "rowwise_adagrad": 22.0, "sgd": 22.0}
+#: Optimizer state per parameter: fp32 master weights + states (Rajbhandari et al. 2020).
+OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 8.0}
+#: Megatron's DDP gradient bucket (parameters); the last bucket's reduction is never hidden.
+DP_BUCKET_PARAMS = 40e6
+#: Logit bytes held at the loss: bf16 logits and their fp32 copy (Megatron-LM cross entropy).
+LOGIT_BYTES = 6.0
+
+#: Numerical-error weight of each GEMM site run in FP8 (sums to 1 with every site on). The LM
+#: head and attention output projection are the most sensitive (their outputs feed the
+#: softmax over the vocabulary and the residual stream directly); NVIDIA Transformer Engine
+#: and DeepSeek-V3 keep the output head in higher precision for that reason.
+FP8_ERROR_WEIGHTS = {
+    "fp8_qkv": 0.15,
+    "fp8_attn_out": 0.25,
+    "fp8_mlp_in": 0.10,
+    "fp8_mlp_out": 0.15,
+    "fp8_lm_head": 0.35,
+}
+FP8_SITES = tuple(FP8_ERROR_WEIGHTS)
+
+#: Knobs and their defaults (Megatron-Core's). ``dp`` defaults to num_gpus // (tp*pp*cp).
+DEFAULTS: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vp": 1,
+    "dp": None,
+    "ep": 1,
+    "micro_batch": 1,
+    "zero_stage": 1,
+    "recompute": "none",
+    "sequence_parallel": False,
+    "fp8_qkv": False,
+    "fp8_attn_out": False,
+    "fp8_mlp_in": False,
+    "fp8_mlp_out": False,
+    "fp8_lm_head": False,
+    "precision": None,
+    "overlap_grad_reduce": False,
+    "overlap_param_gather": False,
+    "tp_comm_overlap": False,
+    # Not in the search spaces by default; the calibration sets them per source.
+    "flash_attention": True,
+    "fp32_grads": True,
+}
+
+RECOMPUTE = ("none", "selective", "full")
+GIB = float(2**30)
+
+
+def hbm_capacity(gpu: GPU) -> float:
+    """Usable HBM bytes. Vendors' "80 GB" is 80 GiB (an H100 80GB reports 81559 MiB)."""
+    return gpu.hbm_gb * GIB
+
+
+def gemm_efficiency(ideal_s, eff_max: float | np.ndarray | None = None) -> np.ndarray:
+    """Fraction of peak a GEMM reaches, from its ideal time at peak (a saturating curve).
+
+    ``max / (1 + (t_half / t_ideal) ** alpha)``: a big GEMM runs at ``GEMM_EFF_MAX`` of
+    peak; small ones (small micro-batch x sequence, or weights split thin by TP) lose to
+    launch latency, tail effects and wave quantisation. Measuring size in ideal seconds
+    rather than FLOPs makes the same shape relatively less efficient on a faster GPU.
+    """
+    x = np.maximum(np.asarray(ideal_s, dtype=float), 1e-12)
+    top = GEMM_EFF_MAX if eff_max is None else eff_max
+    return top / (1.0 + (GEMM_T_HALF / x) ** GEMM_ALPHA)
+
+
+def link(gpu: GPU, gpus_per_node: int, size, stride) -> tuple[np.ndarray, np.ndarray]:
+    """(bandwidth, latency) of a collective over ``size`` ranks ``stride`` apart.
+
+    :func:`cubic.sim.collectives.tier`, except that a group spanning nodes with ``k`` members
+    per node drives ``k`` NICs at once: NCCL builds one ring per rail, so only one hop in
+    ``k`` crosses the network and the group's bus bandwidth is ``k`` NICs (capped by
+    NVLink). This is why a DGX A100 data-parallel all-reduce reaches about 180 GB/s of bus
+    bandwidth with 8 x 25 GB/s NICs, while a group with one GPU per node gets one NIC.
+    """
+    bw, lat = coll.tier(gpu, gpus_per_node, size, stride)
+    stride = np.asarray(stride, dtype=float)
+    intra = stride * np.asarray(size) <= gpus_per_node
+    rails = np.clip(np.floor(gpus_per_node / np.maximum(stride, 1.0)), 1.0, None)
+    inter = np.minimum(gpu.nvlink_gbs * coll.NVLINK_EFF, rails * gpu.nic_gbs * coll.NIC_EFF)
+    return np.where(intra, bw, inter * 1e9), lat
+
+
+def bubble_fraction(pp, vp, microbatches) -> np.ndarray:
+    """Pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v m) interleaved (SC21)."""
+    pp, vp, m = (np.asarray(x, dtype=float) for x in (pp, vp, microbatches))
+    return (pp - 1.0) / (vp * m)
+
+
+def layers_in_flight(layers, pp, vp, microbatches) -> np.ndarray:
+    """Layers whose activations the first pipeline stage holds at its peak.
+
+    1F1B keeps ``min(p, m)`` micro-batches of its ``L/p`` layers; the interleaved schedule's
+    warm-up keeps ``2(p-1) + (v-1)p + 1`` model chunks of ``L/(p v)`` layers, which is
+    ``L (1 + (p-1)/(p v))`` as in Korthikanti et al. (2022), capped by ``m v`` chunks.
+    """
+    L, p, v, m = (np.asarray(x, dtype=float) for x in (layers, pp, vp, microbatches))
+    chunks = np.where(v > 1, np.minimum(m * v, 2 * (p - 1) + (v - 1) * p + 1), np.minimum(m, p))
+    return chunks * L / (p * v)
+
+
+def activation_bytes_per_layer(
+    model: LLM, tokens, tp=1, sequence_parallel=False, recompute="none",
+    flash_attention=False, elem_bytes: float = 2.0, fp8_saved=None,
+) -> np.ndarray:
+    """Activation bytes one layer keeps for backward for ``tokens`` (micro-batch x sequence).
+
+    Korthikanti et al. (2022), eq. 1-2, generalised: per token ``10h`` bytes that tensor
+    parallelism alone does not split (norm inputs, the QKV and MLP inputs, dropout masks) and
+    ``2h + 4 kv + 2h + 2f (mats-1) + 2f`` that it does (Q, K, V with grouped-query heads, the
+    output-projection input, the MLP's intermediate tensors), plus ``5 a s`` for the
+    attention scores, softmax and dropout unless flash attention recomputes them. For a GPT
+    (``kv = h``, ``f = 4h``, two matrices) this is ``sbh (10 + 24/t + 5as/(ht))``, and
+    ``34 sbh / t`` with sequence parallelism. Selective recompute drops the ``5as`` term;
+    full recompute keeps only the layer input (``2sbh``, ``/t`` with sequence parallelism).
+    ``fp8_saved`` (bytes per token) is subtracted where FP8 GEMMs keep their inputs in 1 byte.
+    """
+    tokens = np.asarray(tokens, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    sp = np.asarray(sequence_parallel, dtype=bool)
+    rc = _recompute_code(recompute)
+    flash = np.asarray(flash_attention, dtype=bool)
+    h, f = float(model.hidden), float(model.ffn)
+    kvd = float(model.kv_heads * model.head_dim)
+    kvd_t = np.maximum(kvd, t * model.head_dim) / t
+    scale = elem_bytes / 2.0
+    rep = 10.0 * h * scale
+    split = (4.0 * h + 4.0 * kvd_t * t + 2.0 * f * (model.mlp_mats - 1) * model.top_k
+             + 2.0 * f * model.top_k) * scale
+    quad = np.where(flash | (rc >= 1), 0.0, 5.0 * model.heads * model.seq_len)
+    per_token = np.where(sp, rep / t, rep) + (split + quad) / t
+    if fp8_saved is not None:
+        per_token = per_token - np.asarray(fp8_saved, dtype=float)
+    full = 2.0 * h * scale / np.where(sp, t, 1.0)
+    return tokens * np.where(rc == 2, full, per_token)
+
+
+def _recompute_code(recompute) -> np.ndarray:
+    """0 none, 1 selective, 2 full; -1 for a value that is none of these."""
+    r = np.asarray(recompute)
+    if r.dtype.kind in "iuf":
+        return np.where(np.isin(r, (0, 1, 2)), r, -1).astype(np.int8)
+    if r.dtype.kind == "b":
+        return np.where(r, 2, 0).astype(np.int8)
+    code = np.full(r.shape, -1, dtype=np.int8)
+    code[(r == "none") | (r == "") | np.equal(r, None) | (r == "no")] = 0
+    code[r == "selective"] = 1
+    code[r == "full"] = 2
+    return code
+
+
+def _bool(a: np.ndarray) -> np.ndarray:
+    if a.dtype == bool:
+        return a
+    if a.dtype.kind in "iuf":
+        return a != 0
+    return (a == True) | (a == 1) | (a == "true") | (a == "True")  # noqa: E712
+
+
+def _num(a: np.ndarray, fill: float) -> np.ndarray:
+    """Knob values as floats; ``None`` becomes ``fill``, anything non-numeric NaN (invalid)."""
+    if a.dtype.kind in "iufb":
+        return a.astype(float)
+    a = np.where(np.equal(a, None), fill, a)
+    try:
+        return a.astype(float)
+    except (TypeError, ValueError):
+        return np.vectorize(_to_float, otypes=[float])(a)
+
+
+def _to_float(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+_SPEC = re.compile(r"%(\.\d+f|d|s)")
+
+
+def _fmt(template: str, *cols: np.ndarray) -> np.ndarray:
+    """Vectorised ``template % (col0[i], col1[i], ...)``: one message per entry."""
+    pieces = _SPEC.split(template)
+    if (len(pieces) - 1) // 2 != len(cols):
+        raise ValueError(f"{template!r} needs {(len(pieces) - 1) // 2} columns")
+    out = np.full(len(cols[0]) if cols else 1, pieces[0], dtype=object)
+    for i, col in enumerate(cols):
+        spec, text = pieces[1 + 2 * i], pieces[2 + 2 * i]
+        out = out + np.char.mod("%" + spec, np.asarray(col)).astype(object) + text
+    return out
+
+
+def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+                 ) -> SimResult:
+    """Price a batch of Megatron-style training configurations of ``workload``'s LLM.
+
+    ``configs`` is a mapping of knob -> array (all of one length) or a list of dicts; knobs
+    a configuration leaves out take :data:`DEFAULTS`. Returns a :class:`SimResult` with step
+    time, tokens/s, MFU, peak memory per GPU and its parts, and why a configuration is
+    invalid or does not fit.
+    """
+    model = workload.model
+    if not isinstance(model, LLM):
+        raise TypeError(f"simulate_llm needs an LLM workload, got {model.kind!r}")
+    gpu = workload.gpu
+    gpn = workload.cluster.gpus_per_node
+    ngpu = float(workload.cluster.num_gpus)
+    gb = float(workload.training.global_batch)
+    arr, n = as_arrays(configs, DEFAULTS)
+
+    # --- knobs ------------------------------------------------------------------------------
+    t = _num(arr["tp"], 1.0)
+    p = _num(arr["pp"], 1.0)
+    c = _num(arr["cp"], 1.0)
+    v = _num(arr["vp"], 1.0)
+    ep = _num(arr["ep"], 1.0)
+    b = _num(arr["micro_batch"], 1.0)
+    z = _num(arr["zero_stage"], 1.0)
+    derived_dp = np.floor(ngpu / np.maximum(t * p * c, 1.0))
+    d = _num(arr["dp"], np.nan) if "dp" in arr else derived_dp.copy()
+    d = np.where(np.isnan(d), derived_dp, d)
+    rc = _recompute_code(arr["recompute"])
+    sp = _bool(arr["sequence_parallel"])
+    flash = _bool(arr["flash_attention"])
+    fp32_grads = _bool(arr["fp32_grads"])
+    ovl_g = _bool(arr["overlap_grad_reduce"])
+    ovl_p = _bool(arr["overlap_param_gather"])
+    tpo = _bool(arr["tp_comm_overlap"])
+    site = {k: _bool(arr[k]) for k in FP8_SITES}
+    if "precision" in arr:
+        all_fp8 = arr["precision"] == "fp8"
+        for k in FP8_SITES[:-1]:
+            site[k] = site[k] | all_fp8
+    any_fp8 = np.zeros(n, dtype=bool)
+    for k in FP8_SITES:
+        any_fp8 |= site[k]
+
+    # --- validity ---------------------------------------------------------------------------
+    L, h, a, kvh = model.layers, model.hidden, model.heads, model.kv_heads
+    E, topk = model.experts, model.top_k
+    knobs_ok = ~np.isnan(t + p + c + v + ep + b + z + d)
+    t, p, c, v, ep, b, z, d = (np.where(np.isnan(x), 1.0, x) for x in (t, p, c, v, ep, b, z, d))
+    reason = np.full(n, "", dtype=object)
+    checks: list[tuple[np.ndarray, str, tuple[np.ndarray, ...]]] = []
+    pos = (t >= 1) & (p >= 1) & (c >= 1) & (v >= 1) & (ep >= 1) & (b >= 1) & (d >= 1)
+    integral = np.all([x == np.floor(x) for x in (t, p, c, v, ep, b, d, z)], axis=0)
+    checks.append((~(knobs_ok & pos & integral),
+                   "invalid: parallel degrees and micro_batch must be positive integers", ()))
+    checks.append((rc < 0, "invalid: recompute must be 'none', 'selective' or 'full'", ()))
+    checks.append((~np.isin(z, (0, 1, 2, 3)), "invalid: zero_stage must be 0, 1, 2 or 3", ()))
+    tpc = t * p * c
+    checks.append((np.fmod(ngpu, np.maximum(tpc, 1.0)) != 0,
+                   "invalid: tp*pp*cp=%d does not divide %d GPUs",
+                   (tpc, np.full(n, ngpu))))
+    checks.append((tpc * d != ngpu, "invalid: tp*pp*cp*dp=%d is not the %d GPUs",
+                   (tpc * d, np.full(n, ngpu))))
+    checks.append((np.fmod(a, np.maximum(t, 1)) != 0,
+                   "invalid: tp=%d does not divide %d attention heads", (t, np.full(n, a))))
+    checks.append(((np.fmod(kvh, np.maximum(t, 1)) != 0) & (np.fmod(t, kvh) != 0),
+                   "invalid: tp=%d and %d KV heads do not divide one another",
+                   (t, np.full(n, kvh))))
+    checks.append((np.fmod(L, np.maximum(p * v, 1)) != 0,
+                   "invalid: pp*vp=%d does not divide %d layers", (p * v, np.full(n, L))))
+    checks.append((np.fmod(gb, np.maximum(b * d, 1)) != 0,
+                   "invalid: micro_batch*dp=%d does not divide global batch %d",
+                   (b * d, np.full(n, gb))))
+    checks.append(((v > 1) & (p <= 1), "invalid: vp>1 needs pp>1", ()))
+    m = gb / np.maximum(b * d, 1.0)
+    checks.append(((v > 1) & (np.fmod(np.floor(m), np.maximum(p, 1)) != 0),
+                   "invalid: interleaving needs the %d micro-batches to be a multiple of pp=%d",
+                   (np.floor(m), p)))
+    checks.append(((c > 1) & (np.fmod(model.seq_len, np.maximum(2 * c, 1)) != 0),
+                   "invalid: cp=%d needs seq_len divisible by 2*cp", (c,)))
+    checks.append(((ep > 1) & ((np.fmod(E, np.maximum(ep, 1)) != 0)
+                               | (np.fmod(d * c, np.maximum(ep, 1)) != 0)),
+                   "invalid: ep=%d must divide the experts and dp*cp", (ep,)))
+    checks.append((any_fp8 & (not gpu.has_fp8), "invalid: %s has no FP8 tensor cores",
+                   (np.full(n, gpu.name, dtype=object),)))
+    checks.append((tpo & (t > 1) & ~sp, "invalid: tp_comm_overlap needs sequence_parallel", ()))
+    valid = np.ones(n, dtype=bool)
+    for bad, msg, cols in reversed(checks):
+        bad = np.asarray(bad, dtype=bool) & np.ones(n, dtype=bool)
+        if bad.any():
+            idx = np.flatnonzero(bad)
+            reason[idx] = _fmt(msg, *(np.asarray(col)[idx] for col in cols)) if cols else msg
+        valid &= ~bad
+    # Work on safe values everywhere; invalid entries are masked at the end.
+    one = np.ones(n)
+    t, p, c, v, ep, b, d = (np.where(valid, x, 1.0) for x in (t, p, c, v, ep, b, d))
+    z = np.where(valid, z, 1.0)
+    rc = np.where(valid, rc, 0)
+    m = gb / (b * d)
+    sp = sp & (t > 1)
+    tpo = tpo & sp
+
+    # --- shapes -----------------------------------------------------------------------------
+    prec = workload.training.precision
+    elem = 4.0 if prec == "fp32" else 2.0
+    base_prec = "fp32" if prec == "fp32" else ("fp16" if prec == "fp16" else "bf16")
+    peak16 = gpu.peak(base_prec) * one
+    peak8 = gpu.peak("fp8") * one
+    peak_bf16 = gpu.peak("bf16")
+    hbm = gpu.hbm_gbs * 1e9 * ELEM_BW_EFF
+    s, f, V = float(model.seq_len), float(model.ffn), float(model.vocab)
+    dh = float(model.head_dim)
+    kvd_t = np.maximum(kvh, t) * dh / t          # per-GPU K (or V) width; KV heads replicate
+    mats = float(model.mlp_mats)
+    T = b * s / c                                # tokens per micro-batch per GPU
+    Ls = L / p                                   # layers per pipeline rank
+    moe = E > 1
+    n_exp_local = np.where(moe, E / ep, 1.0)
+
+    def gemm(flops, fp8, per_call=1.0):
+        """Seconds for GEMM FLOPs issued as ``per_call`` equal GEMMs (one per local expert)."""
+        pk = np.where(fp8, peak8, peak16)
+        eff_max = np.where(fp8, GEMM_EFF_MAX * FP8_GEMM_EFF, GEMM_EFF_MAX)
+        return flops / (pk * gemm_efficiency(flops / (per_call * pk), eff_max))
+
+    # Forward GEMMs of one layer (per micro-batch, per GPU).
+    f_qkv = 2.0 * T * h * (h / t + 2.0 * kvd_t)
+    f_out = 2.0 * T * h * h / t
+    f_in = 2.0 * T * h * f * (mats - 1.0) * topk / t
+    f_mo = 2.0 * T * f * h * topk / t
+    f_router = 2.0 * T * h * E if moe else 0.0
+    causal = np.where(flash, 0.5, 1.0)
+    f_attn = 4.0 * T * s * h * causal / t
+    f_lm = 2.0 * T * h * V / t
+
+    t_qkv = gemm(f_qkv, site["fp8_qkv"])
+    t_out = gemm(f_out, site["fp8_attn_out"])
+    t_in = gemm(f_in, site["fp8_mlp_in"], n_exp_local)
+    t_mo = gemm(f_mo, site["fp8_mlp_out"], n_exp_local)
+    t_router = gemm(f_router * one, np.zeros(n, dtype=bool)) if moe else 0.0
+    t_lm = gemm(f_lm, site["fp8_lm_head"])
+    gemm_fwd = t_qkv + t_out + t_in + t_mo + t_router
+    # Attention core: a fused flash kernel, or two batched GEMMs plus a softmax.
+    attn_flash = f_attn / (peak16 * gemm_efficiency(f_attn / peak16, FLASH_EFF))
+    attn_plain = f_attn / (peak16 * gemm_efficiency(f_attn / (2.0 * peak16)))
+    softmax_bytes = ELEM_SOFTMAX * 2.0 * T * a * s / t
+    attn_fwd = np.where(flash, attn_flash, attn_plain + softmax_bytes / hbm)
+    attn_bwd = np.where(flash, FLASH_BWD * attn_flash, 2.0 * attn_plain + ELEM_BWD * softmax_bytes / hbm)
+    # Element-wise traffic: h-wide work is replicated across TP ranks unless SP splits it.
+    h_split = np.where(sp, t, 1.0)
+    act_elems = (3.0 if model.gated_mlp else 2.0) * f * topk
+    moe_perm = 4.0 * h * topk if moe else 0.0
+    ew_fwd_bytes = elem * T * (ELEM_H * h / h_split + (2.0 * (h / t + kvd_t)) + (act_elems + moe_perm) / t)
+    cast_fwd = FP8_CAST_BYTES * T * (
+        site["fp8_qkv"] * h + site["fp8_attn_out"] * h / t
+        + site["fp8_mlp_in"] * h + site["fp8_mlp_out"] * f * topk / t)
+    cast_bwd = FP8_CAST_BYTES * T * (
+        site["fp8_qkv"] * (h / t + 2 * kvd_t) + site["fp8_attn_out"] * h
+        + site["fp8_mlp_in"] * f * (mats - 1) * topk / t + site["fp8_mlp_out"] * h) + cast_fwd / 3.0
+    ew_fwd = (ew_fwd_bytes + cast_fwd) / hbm
+    ew_bwd = (ELEM_BWD * ew_fwd_bytes + cast_bwd) / hbm
+
+    layer_fwd = gemm_fwd + attn_fwd + ew_fwd
+    layer_bwd = 2.0 * gemm_fwd + attn_bwd + ew_bwd
+    layer_rc = np.where(rc == 2, layer_fwd, np.where(rc == 1, attn_fwd, 0.0))
+
+    # LM head and cross entropy (last stage); embedding look-up (first stage).
+    lm_cast = FP8_CAST_BYTES * T * h * site["fp8_lm_head"] * 2.0
+    ce = CE_BYTES * T * V / t
+    head_fwd = t_lm + (ce / 3.0 + lm_cast / 2.0 + elem * T * h * 3.0 / h_split) / hbm
+    head_bwd = 2.0 * t_lm + (2.0 * ce / 3.0 + lm_cast / 2.0) / hbm
+
+    # --- tensor-parallel communication ------------------------------------------------------
+    bw_t, lat_t = link(gpu, gpn, t, 1.0)
+    ar = coll.all_reduce(elem * T * h, t, bw_t, lat_t)      # = reduce-scatter + all-gather
+    tp_fwd = 2.0 * ar
+    tp_bwd = 2.0 * ar
+    tp_rc = np.where(rc == 2, tp_fwd, 0.0)
+    tp_exp_plain = tp_fwd + tp_rc + (1.0 - TP_BWD_ASYNC) * tp_bwd
+    tp_all = tp_fwd + tp_rc + tp_bwd
+    gemm_time_layer = gemm_fwd * (2.0 + (rc == 2)) + 2.0 * gemm_fwd
+    tp_exp_ovl = np.maximum(tp_all * (1.0 - TP_OVERLAP), tp_all - gemm_time_layer)
+    tp_layer = np.where(tpo, tp_exp_ovl, tp_exp_plain)
+
+    # --- context-parallel ring exchange of K and V -----------------------------------------
+    bw_c, lat_c = link(gpu, gpn, c, t)
+    kv_bytes = elem * T * 2.0 * kvd_t
+    cp_step = coll.p2p(kv_bytes, bw_c, lat_c)
+    cp_f = np.where(c > 1, (c - 1.0) * cp_step, 0.0)
+    cp_fwd = np.maximum(cp_f - CP_OVERLAP * attn_fwd, 0.0)
+    cp_bwd = np.maximum(2.0 * cp_f - CP_OVERLAP * attn_bwd, 0.0)
+    cp_layer = cp_fwd + cp_bwd + np.where(rc == 2, cp_fwd, 0.0)
+
+    # --- per micro-batch time on the slowest pipeline rank ----------------------------------
+    body_compute = Ls * (layer_fwd + layer_bwd + LAYER_OVERHEAD_S)
+    head_compute = head_fwd + head_bwd
+    body_rc = Ls * layer_rc
+    body_tp = Ls * tp_layer
+    body_cp = Ls * cp_layer
+    # Pipeline sends: forward activation and backward gradient per model chunk boundary.
+    bw_p, lat_p = link(gpu, gpn, p, t * c * d)
+    p2p = coll.p2p(elem * T * h / t, bw_p, lat_p)
+    pp_mb = np.where(p > 1, PP_EXPOSED * 2.0 * v * p2p, 0.0)
+    mb_body = body_compute + body_rc + body_tp + body_cp + pp_mb
+    mb_max = mb_body + head_compute
+    mb_avg = mb_body + head_compute / p
+
+    # --- parameters per GPU -----------------------------------------------------------------
+    attn_p, mlp_p = model.layer_params()
+    expert_p = mlp_p if moe else 0.0
+    dense_layer = attn_p + (0.0 if moe else mlp_p) + 4.0 * h
+    emb = V * h / t
+    n_emb_last = np.where(p > 1, 1.0, 1.0 if model.tied_embeddings else 2.0)
+    dense_body = Ls * dense_layer / t
+    exp_body = Ls * expert_p / (t * ep)
+    # First rank holds the embedding, last rank the LM head (both when pp == 1).
+    p_first = dense_body + emb + exp_body
+    p_last = dense_body + emb * n_emb_last + exp_body
+    p_rank = np.maximum(p_first, p_last)
+    p_dense = p_rank - exp_body
+
+    # --- data parallel ----------------------------------------------------------------------
+    grad_b = np.where(fp32_grads, 4.0, 2.0)
+    n_dp = d * c
+    bw_d, lat_d = link(gpu, gpn, n_dp, t)
+    n_edp = n_dp / ep
+    bw_e, lat_e = link(gpu, gpn, n_edp, t * ep)
+
+    def dp_colls(params, n_grp, bw, lat):
+        rs = coll.reduce_scatter(params * grad_b, n_grp, bw, lat)
+        ag = coll.all_gather(params * elem, n_grp, bw, lat)
+        arr_ = coll.all_reduce(params * grad_b, n_grp, bw, lat)
+        return rs, ag, arr_
+
+    rs_d, ag_d, ar_d = dp_colls(p_dense, n_dp, bw_d, lat_d)
+    rs_e, ag_e, ar_e = dp_colls(exp_body, n_edp, bw_e, lat_e)
+    rs, ag, ar_g = rs_d + rs_e, ag_d + ag_e, ar_d + ar_e
+    bucket = np.minimum(1.0, DP_BUCKET_PARAMS / np.maximum(p_rank, 1.0))
+    win_bwd = Ls * layer_bwd + head_bwd / p
+    win_fwd = Ls * layer_fwd + head_fwd / p
+
+    def hidden(comm, window, on, tail):
+        return np.where(on, np.maximum(comm - window, comm * tail), comm)
+
+    grad_once = np.where(z == 0, ar_g, rs)
+    dp_grad = np.where(z >= 2, m * hidden(rs, win_bwd, ovl_g, bucket),
+                       hidden(grad_once, win_bwd, ovl_g, bucket))
+    dp_grad = np.where(z == 3, m * hidden(rs + ag, win_bwd, ovl_g, 1.0 / np.maximum(Ls, 1)),
+                       dp_grad)
+    dp_param = np.where(z == 0, 0.0, hidden(ag, win_fwd, ovl_p, bucket))
+    dp_param = np.where(z == 3, m * hidden(ag, win_fwd, ovl_p, 1.0 / np.maximum(Ls, 1)),
+                        dp_param)
+    dp_comm = dp_grad + dp_param
+
+    # --- optimizer --------------------------------------------------------------------------
+    opt = workload.training.optimizer
+    shard = np.where(z >= 1, n_dp, 1.0)
+    eshard = np.where(z >= 1, n_edp, 1.0)
+    opt_params = p_dense / shard + exp_body / eshard
+    t_opt = opt_params * OPT_STEP_BYTES.get(opt, 34.0) / hbm
+
+    # --- step -------------------------------------------------------------------------------
+    bubble = (p - 1.0) / v * mb_avg
+    pipe = m * mb_max + bubble
+    step = pipe + dp_comm + t_opt
+
+    # --- memory (bytes per GPU, on the first and on the last pipeline rank) ------------------
+    w_b = elem
+    state_b = OPT_STATE_BYTES.get(opt, 12.0)
+    gbuf = np.where(z >= 2, 1.0 / shard, 1.0)
+    wbuf = np.where(z >= 3, 1.0 / shard, 1.0)
+
+    def model_state(params_dense, params_exp):
+        pe_shard = params_exp / np.where(z >= 1, n_edp, 1.0)
+        weights = (params_dense + params_exp) * w_b * wbuf
+        weights = weights + np.where(z >= 3, 2.0 * (dense_layer / t) * w_b, 0.0)
+        grads = (params_dense + params_exp) * grad_b * gbuf
+        optim = params_dense / shard * state_b + pe_shard * state_b
+        return weights, grads, optim
+
+    w_f, g_f, o_f = model_state(p_first - exp_body, exp_body)
+    w_l, g_l, o_l = model_state(p_last - exp_body, exp_body)
+    fp8_saved = T * 0.0 + (site["fp8_qkv"] * h / h_split + site["fp8_mlp_in"] * h / h_split
+                           + site["fp8_mlp_out"] * f * topk / t) * (elem / 2.0)
+    per_layer = activation_bytes_per_layer(model, T, t, sp, rc, flash, elem, fp8_saved)
+    layer_full = activation_bytes_per_layer(model, T, t, sp, 0, flash, elem, fp8_saved)
+    inflight_first = layers_in_flight(L, p, v, m)
+    # The last rank: 1F1B keeps one micro-batch; interleaving keeps (v-1)p + 1 chunks.
+    chunks_last = np.where(v > 1, np.minimum(m * v, (v - 1.0) * p + 1.0), 1.0)
+    inflight_last = np.where(p > 1, chunks_last * L / (p * v), inflight_first)
+    mbs_first = np.where(v > 1, np.minimum(m, p + 1.0), np.minimum(m, p))
+    emb_act = mbs_first * T * h / h_split  # embedding dropout mask, 1 byte
+    logits = LOGIT_BYTES * T * V / t
+    work = np.where(rc == 2, layer_full, 0.0)
+    act_f = inflight_first * per_layer + emb_act + work + np.where(p > 1, 0.0, logits)
+    act_l = inflight_last * per_layer + logits + work
+    over_f = MEM_BASE + MEM_FRAG * act_f
+    over_l = MEM_BASE + MEM_FRAG * act_l
+    tot_f = w_f + g_f + o_f + act_f + over_f
+    tot_l = w_l + g_l + o_l + act_l + over_l
+    last_wins = tot_l > tot_f
+    pick = lambda first, last: np.where(last_wins, last, first)  # noqa: E731
+    memory = {
+        "weights": pick(w_f, w_l),
+        "grads": pick(g_f, g_l),
+        "optimizer": pick(o_f, o_l),
+        "activations": pick(act_f, act_l),
+        "overhead": pick(over_f, over_l),
+    }
+    peak = np.where(valid, np.maximum(tot_f, tot_l), 0.0)
+    memory = {k: np.where(valid, x, 0.0) for k, x in memory.items()}
+    cap = hbm_capacity(gpu)
+    fits = valid & (peak <= cap)
+    oom = valid & ~fits
+    if oom.any():
+        idx = np.flatnonzero(oom)
+        parts = np.stack([memory[k][idx] for k in ("weights", "grads", "optimizer",
+                                                   "activations")])
+        names = np.array(["weights", "gradients", "optimizer state", "activations"])
+        big = np.argmax(parts, axis=0)
+        reason[idx] = _fmt(
+            "out of memory: %.1f GiB needed > %.0f GiB HBM (%s %.1f GiB)",
+            peak[idx] / GIB, np.full(idx.size, gpu.hbm_gb), names[big],
+            parts[big, np.arange(idx.size)] / GIB)
+
+    # --- outputs ----------------------------------------------------------------------------
+    breakdown = {
+        "compute": m * (body_compute + head_compute),
+        "recompute": m * body_rc,
+        "tp_comm": m * body_tp,
+        "cp_comm": m * body_cp,
+        "pp_comm": m * pp_mb,
+        "dp_comm": dp_comm,
+        "bubble": bubble,
+        "optimizer": t_opt,
+    }
+    step = np.where(valid, step, np.inf)
+    tokens = gb * s
+    throughput = np.where(valid, tokens / step, 0.0)
+    mfu = np.where(valid, tokens * model.flops_per_token() / (step * ngpu * peak_bf16), 0.0)
+    err = np.zeros(n)
+    for k, w in FP8_ERROR_WEIGHTS.items():
+        err = err + w * site[k]
+    return SimResult(
+        kind="llm",
+        step_time=step,
+        throughput=throughput,
+        throughput_unit="tokens/s",
+        mfu=mfu,
+        peak_memory=peak,
+        fits=fits,
+        valid=valid,
+        reason=reason,
+        error_score=err,
+        breakdown={k: np.where(valid, x * one, 0.0) for k, x in breakdown.items()},
+        memory=memory,
+    )
+
+
+def bench_llm(n: int = 200_000, seed: int = 0) -> float:
+    """Configurations priced per second on one core, over random (mostly valid) layouts."""
+    rng = np.random.default_rng(seed)
+    wl = Workload(
+        "bench",
+        LLM("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, True),
+        Cluster("h100_sxm", 1024),
+        Training(1024),
+    )
+    configs = {
+        "tp": rng.choice([1, 2, 4, 8], n),
+        "pp": rng.choice([1, 2, 4, 8, 16], n),
+        "cp": rng.choice([1, 2], n),
+        "vp": rng.choice([1, 1, 2, 5], n),
+        "micro_batch": rng.choice([1, 2, 4], n),
+        "zero_stage": rng.choice([0, 1, 2, 3], n),
+        "recompute": rng.choice(np.array(RECOMPUTE, dtype=object), n),
+        "sequence_parallel": rng.random(n) < 0.7,
+        "fp8_mlp_in": rng.random(n) < 0.5,
+        "fp8_mlp_out": rng.random(n) < 0.5,
+        "overlap_grad_reduce": rng.random(n) < 0.5,
+        "overlap_param_gather": rng.random(n) < 0.5,
+    }
+    simulate_llm(wl, {k: x[:1000] for k, x in configs.items()})
+    start = time.perf_counter()
+    simulate_llm(wl, configs)
+    return n / (time.perf_counter() - start)
+
+
+__all__ = [
+    "DEFAULTS",
+    "FP8_ERROR_WEIGHTS",
+    "FP8_SITES",
+    "activation_bytes_per_layer",
+    "bench_llm",
+    "bubble_fraction",
+    "gemm_efficiency",
+    "hbm_capacity",
+    "layers_in_flight",
+    "simulate_llm",
+]

@@ -1,0 +1,82 @@
+"""Engine construction for the supported backends (SQLite files and PostgreSQL).
+
+Engines are made by the caller that owns them (the service's lifespan, a CLI command, a
+test), never at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.pool import StaticPool
+
+DEFAULT_URL = "sqlite:///cubic.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_OPTION = "cubic_write"
+"""Execution option marking a transaction that will write.
+
+On SQLite such a transaction starts with ``BEGIN IMMEDIATE``: it takes the single writer lock
+up front, so its reads cannot go stale before its writes (read-modify-write is atomic), and a
+concurrent writer waits for the busy timeout instead of failing on a stale snapshot.
+"""
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``; bare ``postgresql://`` and ``postgres://`` URLs get the psycopg 3 driver."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
+    """Create an engine for ``url`` (default :data:`DEFAULT_URL`).
+
+    SQLite connections get WAL mode (readers do not block the writer), a 30 s busy timeout
+    (writers queue instead of failing) and foreign keys; transactions are begun by SQLAlchemy
+    so that they really are transactions (see :data:`WRITE_OPTION`). Extra ``kwargs`` go to
+    :func:`sqlalchemy.create_engine`.
+    """
+    parsed = normalize_url(url or DEFAULT_URL)
+    if parsed.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(parsed, **kwargs)
+
+    memory = parsed.database in (None, "", ":memory:")
+    if memory:
+        # One shared connection, or every connection would see its own empty database.
+        kwargs.setdefault("poolclass", StaticPool)
+        kwargs.setdefault("connect_args", {"check_same_thread": False})
+    else:
+        kwargs.setdefault("pool_pre_ping", True)
+    engine = create_engine(parsed, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Stop the sqlite3 module from issuing its own BEGINs; _on_begin does it instead.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            if not memory:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def is_postgresql(engine: Engine) -> bool:
+    """Whether row locks (``FOR UPDATE SKIP LOCKED``) and advisory locks are available."""
+    return engine.dialect.name == "postgresql"

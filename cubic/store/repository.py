@@ -1,0 +1,949 @@
+"""The repository: every read and write of cubic's state goes through :class:`Store`.
+
+Each method runs in its own short transaction and returns immutable snapshots
+(:mod:`cubic.store.objects`). The store, not its callers, enforces the trial life cycle: a
+finished trial is never changed, a lease is honoured only with its token, and a failed trial
+is retried (as a new trial) at most ``study.max_attempts - 1`` times.
+
+Concurrency: on PostgreSQL, trial leasing and reaping use ``SELECT ... FOR UPDATE SKIP LOCKED``
+and trial numbering locks the study row, so any number of service processes can share one
+database. On SQLite every writing transaction starts with ``BEGIN IMMEDIATE`` (see
+:mod:`cubic.store.engine`), which serialises writers across threads and processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hmac
+import json
+import os
+import threading
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+from sqlalchemy import Engine, func, select, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from cubic.errors import (
+    Conflict,
+    CubicError,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    StorageError,
+    TrialFinished,
+)
+from cubic.store import schema
+from cubic.store.engine import WRITE_OPTION, is_postgresql, make_engine
+from cubic.store.models import ProxyModelRow, StudyRow, TrialEventRow, TrialRow
+from cubic.store.objects import (
+    TRIAL_SOURCES,
+    ProxyModelVersion,
+    Study,
+    StudyState,
+    Trial,
+    TrialEvent,
+    TrialState,
+)
+
+LEASE_EXPIRED = "lease expired"
+MAX_LOG_TAIL = 64 * 1024
+"""Characters of a trial's log kept in the database (the end of the log is what matters)."""
+
+_PG_STUDY_LOCK_NS = 0x63756270
+_PG_PROXY_LOCK_NS = 0x63756271
+_TRIAL_ORDERS = {
+    "number": (TrialRow.number.asc(),),
+    "-number": (TrialRow.number.desc(),),
+    "id": (TrialRow.id.asc(),),
+    "-id": (TrialRow.id.desc(),),
+    "finished_at": (TrialRow.finished_at.asc().nulls_last(), TrialRow.number.asc()),
+    "-finished_at": (TrialRow.finished_at.desc().nulls_last(), TrialRow.number.asc()),
+}
+
+_local_locks: dict[tuple[str, int], threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+TrialRecord = tuple[dict[str, Any], TrialState | str, dict[str, Any] | None]
+"""An imported past run: (params, finished state, metrics)."""
+
+
+class Store:
+    """cubic's persistent state, over SQLite or PostgreSQL.
+
+    ``Store(url)`` opens an existing database and, with ``check_schema`` (the default),
+    refuses one whose schema is missing or old (:class:`~cubic.errors.SchemaOutOfDate`):
+    migrating is an explicit step (``cubic db upgrade``, :func:`cubic.store.schema.upgrade`).
+    ``Store.create(url)`` migrates first, for tests and demos. A store built from a URL owns
+    its engine and disposes of it in :meth:`close`; one built from an engine does not.
+    Safe to share between threads.
+    """
+
+    def __init__(
+        self, url_or_engine: str | URL | Engine | None = None, *, check_schema: bool = True
+    ) -> None:
+        self._owns_engine = not isinstance(url_or_engine, Engine)
+        self._engine = (
+            url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine)
+        )
+        self._pg = is_postgresql(self._engine)
+        self._read = sessionmaker(self._engine, expire_on_commit=False)
+        self._write = sessionmaker(
+            self._engine, expire_on_commit=False, execution_options={WRITE_OPTION: True}
+        )
+        if check_schema:
+            try:
+                schema.check_schema(self._engine)
+            except BaseException:
+                self.close()
+                raise
+
+    @classmethod
+    def create(cls, url_or_engine: str | URL | Engine | None = None) -> Self:
+        """Migrate the database to the current schema, then open it."""
+        schema.upgrade(url_or_engine)
+        return cls(url_or_engine)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        """Release the connections of an engine this store created."""
+        if self._owns_engine:
+            self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @contextmanager
+    def _session(self, *, write: bool) -> Iterator[Session]:
+        maker = self._write if write else self._read
+        try:
+            with maker() as session, session.begin():
+                yield session
+        except CubicError:
+            raise
+        except SQLAlchemyError as exc:
+            raise StorageError(_describe(exc)) from exc
+
+    # -- studies ----------------------------------------------------------------------------
+
+    def create_study(
+        self, name: str, spec: dict[str, Any], workload_kind: str, max_attempts: int = 3
+    ) -> Study:
+        """Create a running study. ``max_attempts`` caps how often one config is tried."""
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInput("study name must be a non-empty string")
+        if not isinstance(workload_kind, str) or not workload_kind.strip():
+            raise InvalidInput("workload_kind must be a non-empty string")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidInput(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        spec = _json_dict(spec, "spec")
+        now = _utcnow()
+        with self._session(write=True) as s:
+            row = StudyRow(
+                name=name,
+                spec=spec,
+                workload_kind=workload_kind,
+                state=StudyState.RUNNING.value,
+                max_attempts=max_attempts,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()
+            return _study(row)
+
+    def get_study(self, study_id: int) -> Study:
+        with self._session(write=False) as s:
+            return _study(_get_study(s, study_id))
+
+    def list_studies(
+        self,
+        state: StudyState | str | None = None,
+        workload_kind: str | None = None,
+        limit: int | None = 50,
+        offset: int = 0,
+    ) -> list[Study]:
+        """Studies in creation order, optionally filtered."""
+        _check_page(limit, offset)
+        query = _filter_studies(select(StudyRow), state, workload_kind)
+        query = query.order_by(StudyRow.id).offset(offset).limit(limit)
+        with self._session(write=False) as s:
+            return [_study(r) for r in s.scalars(query)]
+
+    def count_studies(
+        self, state: StudyState | str | None = None, workload_kind: str | None = None
+    ) -> int:
+        query = _filter_studies(select(func.count(StudyRow.id)), state, workload_kind)
+        with self._session(write=False) as s:
+            return int(s.scalar(query) or 0)
+
+    def set_study_state(self, study_id: int, state: StudyState | str) -> Study:
+        """Move a study to ``state``. An archived study is final: it cannot be resumed."""
+        new = _study_state(state)
+        with self._session(write=True) as s:
+            row = _get_study(s, study_id, lock=True)
+            if row.state == StudyState.ARCHIVED and new != StudyState.ARCHIVED:
+                raise Conflict(f"study {study_id} is archived and cannot become {new}")
+            if row.state != new:
+                row.state = new.value
+                row.updated_at = _utcnow()
+            s.flush()
+            return _study(row)
+
+    # -- creating trials --------------------------------------------------------------------
+
+    def add_trials(
+        self,
+        study_id: int,
+        params_list: Sequence[dict[str, Any]],
+        *,
+        source: str = "strategy",
+        predicted: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[Trial]:
+        """Add waiting trials, numbered after the study's last trial, in list order."""
+        _check_source(source)
+        params = [_json_dict(p, "params") for p in params_list]
+        if predicted is None:
+            preds: list[dict[str, Any] | None] = [None] * len(params)
+        else:
+            if len(predicted) != len(params):
+                raise InvalidInput(
+                    f"predicted has {len(predicted)} entries for {len(params)} params"
+                )
+            preds = [None if p is None else _json_dict(p, "predicted") for p in predicted]
+        now = _utcnow()
+        with self._session(write=True) as s:
+            study = _get_study(s, study_id, lock=True)
+            if study.state == StudyState.ARCHIVED:
+                raise Conflict(f"study {study_id} is archived; no trials can be added")
+            rows = [
+                TrialRow(
+                    params=p,
+                    predicted=pred,
+                    state=TrialState.WAITING.value,
+                    source=source,
+                    attempt=1,
+                    created_at=now,
+                )
+                for p, pred in zip(params, preds, strict=True)
+            ]
+            self._insert(s, study.id, rows, now)
+            return [_trial(r) for r in rows]
+
+    def add_finished_trials(
+        self, study_id: int, records: Sequence[TrialRecord], source: str = "imported"
+    ) -> list[Trial]:
+        """Import past runs (e.g. from an earlier tuning campaign) as finished trials."""
+        _check_source(source)
+        prepared = []
+        for record in records:
+            try:
+                params, state, metrics = record
+            except (TypeError, ValueError):
+                raise InvalidInput("each record must be (params, state, metrics)") from None
+            finished = _trial_state(state)
+            if not finished.is_finished:
+                raise InvalidInput(f"imported trials must be finished, got state {finished}")
+            metrics_json = None if metrics is None else _json_dict(metrics, "metrics")
+            if finished == TrialState.COMPLETE and metrics_json is None:
+                raise InvalidInput("a complete trial needs metrics")
+            prepared.append((_json_dict(params, "params"), finished, metrics_json))
+        now = _utcnow()
+        with self._session(write=True) as s:
+            study = _get_study(s, study_id, lock=True)
+            rows = [
+                TrialRow(
+                    params=p,
+                    state=st.value,
+                    metrics=m,
+                    source=source,
+                    attempt=1,
+                    created_at=now,
+                    finished_at=now,
+                )
+                for p, st, m in prepared
+            ]
+            self._insert(s, study.id, rows, now)
+            return [_trial(r) for r in rows]
+
+    def _insert(self, s: Session, study_id: int, rows: list[TrialRow], now: datetime) -> None:
+        """Number and insert new trials; the caller holds the study row lock."""
+        last = s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id))
+        start = -1 if last is None else last
+        for i, row in enumerate(rows, start=start + 1):
+            row.study_id = study_id
+            row.number = i
+        s.add_all(rows)
+        s.flush()
+        for row in rows:
+            detail: dict[str, Any] = {"source": row.source, "attempt": row.attempt}
+            if row.retry_of is not None:
+                detail["retry_of"] = row.retry_of
+            _event(s, row, None, row.state, now, None, detail)
+
+    def _retry(self, s: Session, failed: TrialRow, now: datetime) -> TrialRow | None:
+        """Create the retry of a failed trial if its study's attempt cap allows one."""
+        study = _get_study(s, failed.study_id, lock=True)
+        if failed.attempt >= study.max_attempts:
+            return None
+        row = TrialRow(
+            params=copy.deepcopy(failed.params),
+            predicted=copy.deepcopy(failed.predicted),
+            state=TrialState.WAITING.value,
+            source="retry",
+            attempt=failed.attempt + 1,
+            retry_of=failed.id,
+            created_at=now,
+        )
+        self._insert(s, study.id, [row], now)
+        return row
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def lease_trials(
+        self,
+        study_id: int,
+        worker_id: str,
+        n: int,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> list[Trial]:
+        """Lease up to ``n`` trials of a study to ``worker_id``.
+
+        Idempotent per worker: the worker's own running trials in the study come first
+        (their deadlines extended, all of them even if more than ``n``), then waiting trials
+        in number order fill the rest. New trials are leased only while the study is
+        running; a paused or stopped study still hands a worker back what it holds.
+        """
+        if not isinstance(worker_id, str) or not worker_id:
+            raise InvalidInput("worker_id must be a non-empty string")
+        if not isinstance(n, int) or n < 0:
+            raise InvalidInput(f"n must be an integer >= 0, got {n!r}")
+        now = _check_now(now)
+        deadline = now + _lease_delta(lease_seconds)
+        with self._session(write=True) as s:
+            study = _get_study(s, study_id)
+            own = list(
+                s.scalars(
+                    select(TrialRow)
+                    .where(
+                        TrialRow.study_id == study_id,
+                        TrialRow.state == TrialState.RUNNING.value,
+                        TrialRow.worker_id == worker_id,
+                    )
+                    .order_by(TrialRow.number)
+                    .with_for_update()
+                )
+            )
+            for row in own:
+                row.lease_deadline = deadline
+            fresh: list[TrialRow] = []
+            wanted = n - len(own)
+            if wanted > 0 and study.state == StudyState.RUNNING:
+                fresh = list(
+                    s.scalars(
+                        select(TrialRow)
+                        .where(
+                            TrialRow.study_id == study_id,
+                            TrialRow.state == TrialState.WAITING.value,
+                        )
+                        .order_by(TrialRow.number)
+                        .limit(wanted)
+                        .with_for_update(skip_locked=True)
+                    )
+                )
+            for row in fresh:
+                row.state = TrialState.RUNNING.value
+                row.worker_id = worker_id
+                row.lease_token = uuid.uuid4().hex
+                row.lease_deadline = deadline
+                row.started_at = now
+                _event(
+                    s,
+                    row,
+                    TrialState.WAITING,
+                    TrialState.RUNNING,
+                    now,
+                    worker_id,
+                    {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
+                )
+            s.flush()
+            return [_trial(r) for r in own + fresh]
+
+    def heartbeat(
+        self,
+        trial_id: int,
+        lease_token: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> Trial:
+        """Extend a lease to ``now + lease_seconds``. A lease stays valid until reaped."""
+        now = _check_now(now)
+        delta = _lease_delta(lease_seconds)
+        with self._session(write=True) as s:
+            row = _get_trial(s, trial_id, lock=True)
+            _check_lease(row, lease_token)
+            row.lease_deadline = now + delta
+            s.flush()
+            return _trial(row)
+
+    def finish_trial(
+        self,
+        trial_id: int,
+        lease_token: str,
+        state: TrialState | str,
+        *,
+        metrics: dict[str, Any] | None = None,
+        error: str | None = None,
+        log_tail: str | None = None,
+        now: datetime | None = None,
+    ) -> tuple[Trial, Trial | None]:
+        """Report the outcome of a leased trial; returns (trial, retry or None).
+
+        A ``failed`` trial gets a retry (a new waiting trial with the same params and the
+        next attempt number) while ``attempt < study.max_attempts``. Repeating the same
+        report with the same token changes nothing and returns the same answer, so a worker
+        can resend after a lost response. Any other report on a finished trial, or a report
+        without the current lease, raises :class:`~cubic.errors.Conflict`.
+        """
+        new = _trial_state(state)
+        if not new.is_finished:
+            raise InvalidInput(
+                f"a trial can only be finished as one of {_names(TrialState.FINISHED)}"
+            )
+        metrics_json = None if metrics is None else _json_dict(metrics, "metrics")
+        if new == TrialState.COMPLETE and metrics_json is None:
+            raise InvalidInput("a complete trial needs metrics")
+        if error is not None and not isinstance(error, str):
+            raise InvalidInput("error must be a string")
+        if log_tail is not None:
+            if not isinstance(log_tail, str):
+                raise InvalidInput("log_tail must be a string")
+            log_tail = log_tail[-MAX_LOG_TAIL:]
+        now = _check_now(now)
+        with self._session(write=True) as s:
+            row = _get_trial(s, trial_id, lock=True)
+            current = TrialState(row.state)
+            if current.is_finished:
+                if not _same_token(row.lease_token, lease_token):
+                    raise LeaseLost(
+                        f"trial {trial_id} was finished ({current}) under another lease"
+                    )
+                if current != new:
+                    raise TrialFinished(
+                        f"trial {trial_id} is already {current} and cannot become {new}"
+                    )
+                retry = s.scalar(select(TrialRow).where(TrialRow.retry_of == row.id))
+                return _trial(row), None if retry is None else _trial(retry)
+            _check_lease(row, lease_token)
+            row.state = new.value
+            row.metrics = metrics_json
+            row.error = error
+            row.log_tail = log_tail
+            row.finished_at = now
+            row.lease_deadline = None
+            retry_row = self._retry(s, row, now) if new == TrialState.FAILED else None
+            detail: dict[str, Any] = {}
+            if error is not None:
+                detail["error"] = error[:1000]
+            if retry_row is not None:
+                detail["retry_trial_id"] = retry_row.id
+            _event(s, row, TrialState.RUNNING, new, now, row.worker_id, detail)
+            s.flush()
+            return _trial(row), None if retry_row is None else _trial(retry_row)
+
+    def release_trial(self, trial_id: int, lease_token: str) -> Trial:
+        """Give a leased trial back (running -> waiting), e.g. when a worker shuts down."""
+        now = _utcnow()
+        with self._session(write=True) as s:
+            row = _get_trial(s, trial_id, lock=True)
+            _check_lease(row, lease_token)
+            worker = row.worker_id
+            row.state = TrialState.WAITING.value
+            row.worker_id = None
+            row.lease_token = None
+            row.lease_deadline = None
+            row.started_at = None
+            _event(
+                s, row, TrialState.RUNNING, TrialState.WAITING, now, worker, {"reason": "released"}
+            )
+            s.flush()
+            return _trial(row)
+
+    def reap_expired(self, now: datetime | None = None) -> list[Trial]:
+        """Fail every running trial whose lease deadline has passed, and create its retry.
+
+        The lease is revoked (its token cleared), so a late report from the worker that held
+        it raises :class:`~cubic.errors.LeaseLost`. Safe to run from several processes at
+        once: each expired trial is reaped by exactly one of them.
+        """
+        now = _check_now(now)
+        with self._session(write=True) as s:
+            rows = list(
+                s.scalars(
+                    select(TrialRow)
+                    .where(
+                        TrialRow.state == TrialState.RUNNING.value,
+                        TrialRow.lease_deadline < now,
+                    )
+                    # Study order: _retry locks study rows, always in ascending id order.
+                    .order_by(TrialRow.study_id, TrialRow.id)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            for row in rows:
+                deadline = row.lease_deadline
+                row.state = TrialState.FAILED.value
+                row.error = LEASE_EXPIRED
+                row.finished_at = now
+                row.lease_token = None
+                row.lease_deadline = None
+                retry = self._retry(s, row, now)
+                detail: dict[str, Any] = {
+                    "reason": LEASE_EXPIRED,
+                    "lease_deadline": None if deadline is None else deadline.isoformat(),
+                }
+                if retry is not None:
+                    detail["retry_trial_id"] = retry.id
+                _event(s, row, TrialState.RUNNING, TrialState.FAILED, now, row.worker_id, detail)
+            s.flush()
+            return [_trial(r) for r in rows]
+
+    def set_predicted(self, trial_id: int, predicted: dict[str, Any]) -> Trial:
+        """Attach the proxy model's prediction; the only column that may change at any state."""
+        value = _json_dict(predicted, "predicted")
+        with self._session(write=True) as s:
+            row = _get_trial(s, trial_id, lock=True)
+            row.predicted = value
+            s.flush()
+            return _trial(row)
+
+    # -- reading trials ---------------------------------------------------------------------
+
+    def get_trial(self, trial_id: int) -> Trial:
+        with self._session(write=False) as s:
+            return _trial(_get_trial(s, trial_id))
+
+    def list_trials(
+        self,
+        study_id: int,
+        states: Iterable[TrialState | str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        order: str = "number",
+    ) -> list[Trial]:
+        """Trials of a study; ``order`` is one of number, id, finished_at (``-`` reverses)."""
+        _check_page(limit, offset)
+        if order not in _TRIAL_ORDERS:
+            raise InvalidInput(f"order must be one of {sorted(_TRIAL_ORDERS)}, got {order!r}")
+        query = select(TrialRow).where(TrialRow.study_id == study_id)
+        if states is not None:
+            query = query.where(TrialRow.state.in_(_state_values(states)))
+        query = query.order_by(*_TRIAL_ORDERS[order]).offset(offset).limit(limit)
+        with self._session(write=False) as s:
+            _get_study(s, study_id)
+            return [_trial(r) for r in s.scalars(query)]
+
+    def count_trials(self, study_id: int) -> dict[TrialState, int]:
+        """Number of trials per state, every state present (zeros included)."""
+        counts = dict.fromkeys(TrialState, 0)
+        with self._session(write=False) as s:
+            _get_study(s, study_id)
+            rows = s.execute(
+                select(TrialRow.state, func.count(TrialRow.id))
+                .where(TrialRow.study_id == study_id)
+                .group_by(TrialRow.state)
+            )
+            for state, count in rows:
+                counts[TrialState(state)] = int(count)
+        return counts
+
+    def trial_events(self, trial_id: int) -> list[TrialEvent]:
+        """A trial's state transitions, oldest first."""
+        with self._session(write=False) as s:
+            _get_trial(s, trial_id)
+            rows = s.scalars(
+                select(TrialEventRow)
+                .where(TrialEventRow.trial_id == trial_id)
+                .order_by(TrialEventRow.id)
+            )
+            return [_trial_event(r) for r in rows]
+
+    def history_for_kind(
+        self,
+        workload_kind: str,
+        exclude_study: int | None = None,
+        states: Iterable[TrialState | str] | None = None,
+    ) -> list[Trial]:
+        """Trials of every study of a workload kind, for transfer learning across studies."""
+        query = (
+            select(TrialRow)
+            .join(StudyRow, StudyRow.id == TrialRow.study_id)
+            .where(StudyRow.workload_kind == workload_kind)
+        )
+        if exclude_study is not None:
+            query = query.where(TrialRow.study_id != exclude_study)
+        if states is not None:
+            query = query.where(TrialRow.state.in_(_state_values(states)))
+        query = query.order_by(TrialRow.study_id, TrialRow.number)
+        with self._session(write=False) as s:
+            return [_trial(r) for r in s.scalars(query)]
+
+    # -- proxy models -----------------------------------------------------------------------
+
+    def save_proxy_model(
+        self,
+        workload_kind: str,
+        model: dict[str, Any],
+        features: Sequence[str],
+        metrics: dict[str, Any],
+        n_train: int,
+    ) -> ProxyModelVersion:
+        """Store a new model version for ``workload_kind`` (one more than the latest)."""
+        if not isinstance(workload_kind, str) or not workload_kind:
+            raise InvalidInput("workload_kind must be a non-empty string")
+        if not isinstance(n_train, int) or n_train < 0:
+            raise InvalidInput(f"n_train must be an integer >= 0, got {n_train!r}")
+        if isinstance(features, str) or not all(isinstance(f, str) for f in features):
+            raise InvalidInput("features must be a list of feature names")
+        model_json = _json_dict(model, "model")
+        metrics_json = _json_dict(metrics, "metrics")
+        now = _utcnow()
+        with self._session(write=True) as s:
+            if self._pg:
+                s.execute(
+                    text("SELECT pg_advisory_xact_lock(:ns, :key)"),
+                    {"ns": _PG_PROXY_LOCK_NS, "key": _int32(zlib.crc32(workload_kind.encode()))},
+                )
+            last = s.scalar(
+                select(func.max(ProxyModelRow.version)).where(
+                    ProxyModelRow.workload_kind == workload_kind
+                )
+            )
+            row = ProxyModelRow(
+                workload_kind=workload_kind,
+                version=(last or 0) + 1,
+                created_at=now,
+                n_train=n_train,
+                metrics=metrics_json,
+                model=model_json,
+                features=list(features),
+            )
+            s.add(row)
+            s.flush()
+            return _proxy(row)
+
+    def latest_proxy_model(self, workload_kind: str) -> ProxyModelVersion | None:
+        query = (
+            select(ProxyModelRow)
+            .where(ProxyModelRow.workload_kind == workload_kind)
+            .order_by(ProxyModelRow.version.desc())
+            .limit(1)
+        )
+        with self._session(write=False) as s:
+            row = s.scalar(query)
+            return None if row is None else _proxy(row)
+
+    def get_proxy_model(self, workload_kind: str, version: int) -> ProxyModelVersion:
+        query = select(ProxyModelRow).where(
+            ProxyModelRow.workload_kind == workload_kind, ProxyModelRow.version == version
+        )
+        with self._session(write=False) as s:
+            row = s.scalar(query)
+            if row is None:
+                raise NotFound(f"proxy model {workload_kind!r} version {version} not found")
+            return _proxy(row)
+
+    def list_proxy_models(self, workload_kind: str) -> list[ProxyModelVersion]:
+        """Every version for a workload kind, oldest first."""
+        query = (
+            select(ProxyModelRow)
+            .where(ProxyModelRow.workload_kind == workload_kind)
+            .order_by(ProxyModelRow.version)
+        )
+        with self._session(write=False) as s:
+            return [_proxy(r) for r in s.scalars(query)]
+
+    # -- proposal serialisation -------------------------------------------------------------
+
+    @contextmanager
+    def study_lock(self, study_id: int) -> Iterator[None]:
+        """Hold the study's proposal lock, so one process at a time generates its trials.
+
+        PostgreSQL: a session-level advisory lock on a dedicated connection, shared by every
+        process using the database (released by the server if the process dies). SQLite: a
+        lock shared by the threads of this process; other processes are serialised only per
+        write by the file lock. Not re-entrant.
+        """
+        self.get_study(study_id)
+        if not self._pg:
+            with _local_lock(self._engine, study_id):
+                yield
+            return
+        args = {"ns": _PG_STUDY_LOCK_NS, "key": study_id}
+        try:
+            conn = self._engine.connect()
+        except SQLAlchemyError as exc:
+            raise StorageError(_describe(exc)) from exc
+        try:
+            try:
+                conn.execute(text("SELECT pg_advisory_lock(:ns, :key)"), args)
+                conn.commit()
+            except SQLAlchemyError as exc:
+                raise StorageError(_describe(exc)) from exc
+            try:
+                yield
+            finally:
+                try:
+                    conn.execute(text("SELECT pg_advisory_unlock(:ns, :key)"), args)
+                    conn.commit()
+                except SQLAlchemyError:
+                    # Closing the server session releases its advisory locks.
+                    conn.invalidate()
+        finally:
+            conn.close()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_now(now: datetime | None) -> datetime:
+    if now is None:
+        return _utcnow()
+    if not isinstance(now, datetime) or now.tzinfo is None or now.utcoffset() is None:
+        raise InvalidInput("now must be a timezone-aware datetime")
+    return now.astimezone(UTC)
+
+
+def _lease_delta(lease_seconds: float) -> timedelta:
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float):
+        raise InvalidInput("lease_seconds must be a number")
+    if not 0 < lease_seconds < 10 * 365 * 86400:
+        raise InvalidInput(f"lease_seconds must be positive, got {lease_seconds!r}")
+    return timedelta(seconds=lease_seconds)
+
+
+def _json_dict(value: Any, what: str) -> dict[str, Any]:
+    """A private, JSON-normalised copy of ``value`` (what the database will give back).
+
+    NaN and infinity are refused: PostgreSQL's JSON rejects them and SQLite would store
+    text no JSON parser accepts, so both backends refuse the same inputs.
+    """
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a dict, got {type(value).__name__}")
+    try:
+        result = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serialisable: {exc}") from None
+    if not isinstance(result, dict):  # pragma: no cover - dicts stay dicts
+        raise InvalidInput(f"{what} must be a dict")
+    return result
+
+
+def _check_page(limit: int | None, offset: int) -> None:
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise InvalidInput(f"limit must be an integer >= 0, got {limit!r}")
+    if not isinstance(offset, int) or offset < 0:
+        raise InvalidInput(f"offset must be an integer >= 0, got {offset!r}")
+
+
+def _check_source(source: str) -> None:
+    if source not in TRIAL_SOURCES:
+        raise InvalidInput(f"source must be one of {_names(TRIAL_SOURCES)}, got {source!r}")
+
+
+def _names(values: Iterable[str]) -> str:
+    return ", ".join(sorted(str(v) for v in values))
+
+
+def _trial_state(state: TrialState | str) -> TrialState:
+    try:
+        return TrialState(state)
+    except ValueError:
+        raise InvalidInput(
+            f"unknown trial state {state!r}; expected one of {_names(TrialState)}"
+        ) from None
+
+
+def _study_state(state: StudyState | str) -> StudyState:
+    try:
+        return StudyState(state)
+    except ValueError:
+        raise InvalidInput(
+            f"unknown study state {state!r}; expected one of {_names(StudyState)}"
+        ) from None
+
+
+def _state_values(states: Iterable[TrialState | str]) -> list[str]:
+    if isinstance(states, str):
+        states = [states]
+    return [_trial_state(s).value for s in states]
+
+
+def _filter_studies(query: Any, state: StudyState | str | None, workload_kind: str | None) -> Any:
+    if state is not None:
+        query = query.where(StudyRow.state == _study_state(state).value)
+    if workload_kind is not None:
+        query = query.where(StudyRow.workload_kind == workload_kind)
+    return query
+
+
+def _get_study(s: Session, study_id: int, *, lock: bool = False) -> StudyRow:
+    query = select(StudyRow).where(StudyRow.id == study_id)
+    if lock:
+        # FOR NO KEY UPDATE on PostgreSQL: serialises writers of the study (trial numbering)
+        # without blocking the foreign-key checks of concurrent trial inserts.
+        query = query.with_for_update(key_share=True)
+    row = s.scalar(query)
+    if row is None:
+        raise NotFound(f"study {study_id} not found")
+    return row
+
+
+def _get_trial(s: Session, trial_id: int, *, lock: bool = False) -> TrialRow:
+    query = select(TrialRow).where(TrialRow.id == trial_id)
+    if lock:
+        query = query.with_for_update()
+    row = s.scalar(query)
+    if row is None:
+        raise NotFound(f"trial {trial_id} not found")
+    return row
+
+
+def _same_token(stored: str | None, given: str | None) -> bool:
+    if stored is None or not isinstance(given, str):
+        return False
+    return hmac.compare_digest(stored.encode(), given.encode())
+
+
+def _check_lease(row: TrialRow, lease_token: str) -> None:
+    if row.state != TrialState.RUNNING.value:
+        raise LeaseLost(f"trial {row.id} is {row.state}, not running: the lease is gone")
+    if not _same_token(row.lease_token, lease_token):
+        raise LeaseLost(f"trial {row.id} is leased under another token")
+
+
+def _event(
+    s: Session,
+    row: TrialRow,
+    from_state: TrialState | str | None,
+    to_state: TrialState | str,
+    at: datetime,
+    worker_id: str | None,
+    detail: dict[str, Any],
+) -> None:
+    s.add(
+        TrialEventRow(
+            trial_id=row.id,
+            from_state=None if from_state is None else str(from_state),
+            to_state=str(to_state),
+            at=at,
+            worker_id=worker_id,
+            detail=detail,
+        )
+    )
+
+
+def _int32(value: int) -> int:
+    """Map an unsigned 32-bit hash to PostgreSQL's signed int4 range."""
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _local_lock(engine: Engine, study_id: int) -> threading.Lock:
+    url = engine.url
+    database = url.database or ""
+    if database and database != ":memory:":
+        database = os.path.abspath(database)
+    key = (f"{url.get_backend_name()}:{database}", study_id)
+    with _local_locks_guard:
+        return _local_locks.setdefault(key, threading.Lock())
+
+
+def _describe(exc: SQLAlchemyError) -> str:
+    """A short message: the driver's error, without the SQL and its (possibly large) params."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        message = f"{type(exc.orig).__name__}: {exc.orig}"
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    return "database error: " + message.strip()[:500]
+
+
+def _study(row: StudyRow) -> Study:
+    return Study(
+        id=row.id,
+        name=row.name,
+        spec=copy.deepcopy(row.spec),
+        workload_kind=row.workload_kind,
+        state=StudyState(row.state),
+        max_attempts=row.max_attempts,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _trial(row: TrialRow) -> Trial:
+    return Trial(
+        id=row.id,
+        study_id=row.study_id,
+        number=row.number,
+        params=copy.deepcopy(row.params),
+        state=TrialState(row.state),
+        source=row.source,
+        metrics=copy.deepcopy(row.metrics),
+        predicted=copy.deepcopy(row.predicted),
+        worker_id=row.worker_id,
+        lease_token=row.lease_token,
+        lease_deadline=row.lease_deadline,
+        attempt=row.attempt,
+        retry_of=row.retry_of,
+        error=row.error,
+        log_tail=row.log_tail,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _trial_event(row: TrialEventRow) -> TrialEvent:
+    return TrialEvent(
+        id=row.id,
+        trial_id=row.trial_id,
+        from_state=None if row.from_state is None else TrialState(row.from_state),
+        to_state=TrialState(row.to_state),
+        at=row.at,
+        worker_id=row.worker_id,
+        detail=copy.deepcopy(row.detail),
+    )
+
+
+def _proxy(row: ProxyModelRow) -> ProxyModelVersion:
+    # The model payload can be megabytes; it is already private (freshly loaded or a
+    # normalised copy made by save_proxy_model), so it is not copied again.
+    return ProxyModelVersion(
+        id=row.id,
+        workload_kind=row.workload_kind,
+        version=row.version,
+        created_at=row.created_at,
+        n_train=row.n_train,
+        metrics=copy.deepcopy(row.metrics),
+        model=row.model,
+        features=list(row.features),
+    )

@@ -1,0 +1,221 @@
+"""The study lifecycle: create, ask (propose and lease), heartbeat, tell (report), reap.
+
+The tuner is the only place where the store and the strategies meet. It is a black box to the
+jobs and they are black boxes to it: it never runs the simulator, it only reads the metrics a
+job reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cubic.errors import Conflict, InvalidInput
+from cubic.objectives import better, objective_values, violations
+from cubic.outcome import Outcome
+from cubic.store import Store
+from cubic.store.objects import Study, StudyState, Trial, TrialState
+from cubic.strategies import config_key, make_strategy
+from cubic.study import ResolvedStudy, StudySpec
+
+DEFAULT_LEASE_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Best:
+    """The best complete trial of a study, and how it compares with the baseline."""
+
+    trial: Trial
+    value: float
+    baseline: Trial | None
+    baseline_value: float | None
+
+    minimize: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        """How many times better than the baseline (a ratio above 1 is an improvement)."""
+        if not self.baseline_value or not self.value:
+            return None
+        if self.minimize:
+            return self.baseline_value / self.value
+        return self.value / self.baseline_value
+
+
+class Tuner:
+    """Study operations over one store. Safe to use from many threads and processes."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._resolved: dict[int, ResolvedStudy] = {}
+
+    # studies --------------------------------------------------------------------------
+    def create_study(self, spec: StudySpec, base: Path | None = None) -> Study:
+        """Store a study (workload and space inlined) and enqueue its baseline first."""
+        resolved = spec.resolve(base)
+        if resolved.spec.strategy.name == "grid" and not resolved.space.is_finite:
+            raise InvalidInput("strategy 'grid' needs a finite space", field="strategy.name")
+        stored = resolved.spec.model_dump(mode="json")
+        study = self.store.create_study(
+            spec.name, stored, resolved.workload.kind, max_attempts=spec.max_attempts
+        )
+        if spec.baseline is not None:
+            params = {k: v for k, v in spec.baseline.items() if k in resolved.space.names}
+            self.store.add_trials(
+                study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
+            )
+        self._resolved[study.id] = resolved
+        return study
+
+    def resolved(self, study_id: int) -> ResolvedStudy:
+        """The study's spec with its workload and space loaded (cached per process)."""
+        if study_id not in self._resolved:
+            study = self.store.get_study(study_id)
+            self._resolved[study_id] = ResolvedStudy.from_stored(study.spec)
+        return self._resolved[study_id]
+
+    def enqueue(self, study_id: int, configs: list[dict[str, Any]]) -> list[Trial]:
+        """Add user-given configs (today's production config, say), validated against the space."""
+        r = self.resolved(study_id)
+        done = []
+        for i, cfg in enumerate(configs):
+            params = r.space.complete({k: v for k, v in cfg.items() if k in r.space.names},
+                                      r.context)
+            problems = r.space.validate(params, r.context)
+            if problems:
+                raise InvalidInput(f"configs[{i}]: {'; '.join(problems)}", field=f"configs.{i}")
+            done.append(params)
+        return self.store.add_trials(study_id, done, source="enqueued")
+
+    # the trial loop ---------------------------------------------------------------------
+    def ask(self, study_id: int, worker_id: str, n: int = 1,
+            lease_seconds: float = DEFAULT_LEASE_S) -> list[Trial]:
+        """Lease up to ``n`` trials to ``worker_id``, proposing new ones when none wait.
+
+        Idempotent per worker: a worker that asks again gets its own running trials back
+        first. Proposal for one study is serialised (``study_lock``) so that two API
+        processes never propose on the same history at once.
+        """
+        if n < 1:
+            raise InvalidInput("count must be at least 1", field="count")
+        study = self.store.get_study(study_id)
+        if study.state != StudyState.RUNNING:
+            return [t for t in self.store.list_trials(study_id, states=[TrialState.RUNNING])
+                    if t.worker_id == worker_id]
+        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
+        if len(leased) >= n:
+            return leased
+        with self.store.study_lock(study_id):
+            history = self.store.list_trials(study_id)
+            k = self._room(study_id, history, n - len(leased))
+            if k > 0:
+                strategy = make_strategy(self.resolved(study_id))
+                proposals = strategy.suggest(history, k)
+                if proposals:
+                    self.store.add_trials(
+                        study_id, [p.params for p in proposals], source="strategy",
+                        predicted=[p.predicted for p in proposals],
+                    )
+            leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
+        return leased
+
+    def _room(self, study_id: int, history: list[Trial], want: int) -> int:
+        """How many new trials the budget allows now (retries do not count as new)."""
+        spec = self.resolved(study_id).spec
+        b = spec.budget
+        proposed = sum(1 for t in history if t.attempt == 1)
+        active = sum(1 for t in history if t.state in (TrialState.WAITING, TrialState.RUNNING))
+        if b.max_gpu_hours is not None:
+            used = sum(float((t.metrics or {}).get("gpu_hours", 0.0)) for t in history)
+            if used >= b.max_gpu_hours:
+                return 0
+        waiting = sum(1 for t in history if t.state == TrialState.WAITING)
+        return max(0, min(want - waiting, b.max_trials - proposed, b.max_parallel - active))
+
+    def heartbeat(self, trial_id: int, lease_token: str,
+                  lease_seconds: float = DEFAULT_LEASE_S) -> Trial:
+        return self.store.heartbeat(trial_id, lease_token, lease_seconds)
+
+    def tell(self, trial_id: int, lease_token: str, outcome: Outcome) -> Trial:
+        """Record how a trial ended; a repeated report with the same token changes nothing.
+
+        A complete trial that breaks the study's constraints (memory headroom, error bound)
+        stays complete, with the reason in its error text, and never counts as the best.
+        """
+        error = outcome.error
+        if outcome.state == "complete":
+            t = self.store.get_trial(trial_id)
+            r = self.resolved(t.study_id)
+            if objective_values(r.spec, outcome.metrics) is None:
+                missing = [o.metric for o in r.spec.objectives if o.metric not in outcome.metrics]
+                raise InvalidInput(f"metrics: missing objective metric(s) {missing}",
+                                   field="metrics")
+            bad = violations(r.spec, r.workload, outcome.metrics, t.params)
+            if bad:
+                error = "constraint violated: " + "; ".join(bad)
+        trial, _retry = self.store.finish_trial(
+            trial_id, lease_token, TrialState(outcome.state), metrics=outcome.metrics or None,
+            error=error, log_tail=outcome.log_tail,
+        )
+        self._maybe_complete(trial.study_id)
+        return trial
+
+    def release(self, trial_id: int, lease_token: str) -> Trial:
+        return self.store.release_trial(trial_id, lease_token)
+
+    def reap(self) -> list[Trial]:
+        """Turn expired leases into failed trials (retried per the study's cap)."""
+        reaped = self.store.reap_expired()
+        for sid in {t.study_id for t in reaped}:
+            self._maybe_complete(sid)
+        return reaped
+
+    def _maybe_complete(self, study_id: int) -> None:
+        study = self.store.get_study(study_id)
+        if study.state != StudyState.RUNNING:
+            return
+        history = self.store.list_trials(study_id)
+        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in history):
+            return
+        if self._room(study_id, history, 1) == 0:
+            try:
+                self.store.set_study_state(study_id, StudyState.COMPLETED)
+            except Conflict:
+                pass  # another process completed or archived it first
+
+    # results ------------------------------------------------------------------------------
+    def progress(self, study_id: int) -> dict[str, Any]:
+        counts = self.store.count_trials(study_id)
+        spec = self.resolved(study_id).spec
+        return {"counts": {str(k): v for k, v in counts.items()},
+                "max_trials": spec.budget.max_trials}
+
+    def best(self, study_id: int) -> Best | None:
+        """The best complete trial that respects the constraints, with the baseline's value."""
+        spec = self.resolved(study_id).spec
+        scored = list(self._scored(study_id))
+        best: tuple[Trial, float] | None = None
+        for t, v in scored:
+            if v is not None and (best is None or better(spec, v, best[1])):
+                best = (t, v)
+        if best is None:
+            return None
+        # The baseline's value is that of its last attempt (a failed one is retried).
+        base_keys = {config_key(t.params) for t, _ in scored if t.source == "baseline"}
+        baseline = [(t, v) for t, v in scored if config_key(t.params) in base_keys]
+        bt, bv = baseline[-1] if baseline else (None, None)
+        return Best(best[0], best[1], bt, bv,
+                    minimize=spec.objectives[0].direction == "minimize")
+
+    def _scored(self, study_id: int) -> Iterator[tuple[Trial, float | None]]:
+        spec = self.resolved(study_id).spec
+        for t in self.store.list_trials(study_id, states=[TrialState.COMPLETE,
+                                                          TrialState.INFEASIBLE,
+                                                          TrialState.FAILED]):
+            v = None
+            if t.state == TrialState.COMPLETE and t.metrics and not (t.error or ""):
+                vals = objective_values(spec, t.metrics)
+                v = vals[0] if vals else None
+            yield t, v

@@ -1,0 +1,627 @@
+"""The store contract, run unchanged against every backend (see ``conftest.db_url``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+
+from cubic.errors import (
+    Conflict,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    TrialFinished,
+)
+from cubic.store import LEASE_EXPIRED, Store, StudyState, Trial, TrialState
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+SPEC = {"workload": {"kind": "llm", "params": 7e9}, "objective": "tokens_per_s"}
+R = TypeVar("R")
+
+
+def params(i: int) -> dict[str, Any]:
+    return {"tp": 2 ** (i % 3), "micro_batch": i, "recompute": i % 2 == 0}
+
+
+def in_threads(n: int, fn: Callable[[int], R]) -> list[R]:
+    """Run fn(0..n-1) in n threads released together, so their transactions collide."""
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> R:
+        barrier.wait()
+        return fn(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def event_pairs(store: Store, trial_id: int) -> list[tuple[str | None, str]]:
+    return [
+        (None if e.from_state is None else str(e.from_state), str(e.to_state))
+        for e in store.trial_events(trial_id)
+    ]
+
+
+class TestStudies:
+    def test_create_get_list_count(self, store: Store) -> None:
+        a = store.create_study("a", SPEC, "llm")
+        b = store.create_study("b", {}, "dlrm", max_attempts=1)
+        c = store.create_study("c", {}, "llm")
+        assert a.state is StudyState.RUNNING
+        assert a.max_attempts == 3
+        assert a.created_at.tzinfo is not None and a.created_at.utcoffset() == timedelta(0)
+        assert store.get_study(a.id) == a
+        assert store.get_study(a.id).spec == SPEC
+        assert [s.id for s in store.list_studies()] == [a.id, b.id, c.id]
+        assert [s.id for s in store.list_studies(workload_kind="llm")] == [a.id, c.id]
+        assert [s.id for s in store.list_studies(limit=1, offset=1)] == [b.id]
+        assert store.count_studies() == 3
+        assert store.count_studies(workload_kind="llm") == 2
+        store.set_study_state(b.id, "paused")
+        assert [s.id for s in store.list_studies(state=StudyState.PAUSED)] == [b.id]
+        assert store.count_studies(state="running") == 2
+
+    def test_missing_study_is_not_found(self, store: Store) -> None:
+        for call in (
+            lambda: store.get_study(999),
+            lambda: store.set_study_state(999, "paused"),
+            lambda: store.add_trials(999, [{}]),
+            lambda: store.lease_trials(999, "w", 1, 60),
+            lambda: store.list_trials(999),
+            lambda: store.count_trials(999),
+        ):
+            with pytest.raises(NotFound, match="study 999"):
+                call()
+
+    def test_invalid_input(self, store: Store) -> None:
+        with pytest.raises(InvalidInput):
+            store.create_study("", {}, "llm")
+        with pytest.raises(InvalidInput):
+            store.create_study("x", {}, "llm", max_attempts=0)
+        with pytest.raises(InvalidInput, match="JSON"):
+            store.create_study("x", {"bad": float("nan")}, "llm")
+        study = store.create_study("x", {}, "llm")
+        with pytest.raises(InvalidInput, match="unknown study state"):
+            store.set_study_state(study.id, "sleeping")
+        assert store.count_studies() == 1
+
+    def test_archived_study_cannot_be_resumed(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        paused = store.set_study_state(study.id, StudyState.PAUSED)
+        assert paused.state is StudyState.PAUSED
+        assert paused.updated_at >= study.updated_at
+        assert store.set_study_state(study.id, "running").state is StudyState.RUNNING
+        store.set_study_state(study.id, "archived")
+        with pytest.raises(Conflict, match="archived"):
+            store.set_study_state(study.id, "running")
+        with pytest.raises(Conflict, match="archived"):
+            store.add_trials(study.id, [{}])
+        assert store.set_study_state(study.id, "archived").state is StudyState.ARCHIVED
+
+    def test_snapshots_are_immutable_copies(self, store: Store) -> None:
+        spec = {"nested": {"a": [1, 2]}}
+        study = store.create_study("a", spec, "llm")
+        spec["nested"]["a"].append(3)  # the caller's dict is not the stored one
+        study.spec["nested"]["a"].append(4)  # nor is the snapshot's
+        assert store.get_study(study.id).spec == {"nested": {"a": [1, 2]}}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            study.name = "b"  # type: ignore[misc]
+
+
+class TestTrials:
+    def test_numbering_and_creation(self, store: Store) -> None:
+        s1 = store.create_study("a", {}, "llm")
+        s2 = store.create_study("b", {}, "llm")
+        first = store.add_trials(s1.id, [params(0), params(1), params(2)])
+        other = store.add_trials(s2.id, [params(9)])
+        more = store.add_trials(
+            s1.id, [params(3), params(4)], source="baseline", predicted=[{"tps": 1.5}, None]
+        )
+        assert [t.number for t in first + more] == [0, 1, 2, 3, 4]
+        assert [t.number for t in other] == [0]
+        assert all(t.state is TrialState.WAITING and t.attempt == 1 for t in first + more)
+        assert more[0].source == "baseline" and more[0].predicted == {"tps": 1.5}
+        assert more[1].predicted is None
+        assert store.get_trial(first[1].id) == first[1]
+        assert store.get_trial(first[1].id).params == params(1)
+        assert event_pairs(store, first[0].id) == [(None, "waiting")]
+        assert store.add_trials(s1.id, []) == []
+        with pytest.raises(NotFound, match="trial 12345"):
+            store.get_trial(12345)
+        with pytest.raises(InvalidInput, match="source"):
+            store.add_trials(s1.id, [{}], source="magic")
+        with pytest.raises(InvalidInput, match="predicted"):
+            store.add_trials(s1.id, [{}, {}], predicted=[None])
+        assert len(store.list_trials(s1.id)) == 5
+
+    def test_concurrent_add_trials_number_uniquely(self, store: Store, db_url: str) -> None:
+        study = store.create_study("a", {}, "llm")
+
+        def add(i: int) -> list[int]:
+            with Store(db_url) as own:
+                return [t.number for t in own.add_trials(study.id, [params(i)] * 5)]
+
+        numbers = [n for batch in in_threads(8, add) for n in batch]
+        assert sorted(numbers) == list(range(40))
+        for batch in (numbers[i : i + 5] for i in range(0, 40, 5)):
+            assert batch == list(range(batch[0], batch[0] + 5))  # each batch is contiguous
+
+    def test_list_and_count(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(i) for i in range(5)])
+        leased = store.lease_trials(study.id, "w", 2, 60, now=T0)
+        store.finish_trial(leased[0].id, leased[0].lease_token or "", "complete", metrics={"t": 1})
+        assert [t.number for t in store.list_trials(study.id, order="-number")] == [4, 3, 2, 1, 0]
+        assert [t.number for t in store.list_trials(study.id, limit=2, offset=1)] == [1, 2]
+        assert [t.number for t in store.list_trials(study.id, states=["waiting"])] == [2, 3, 4]
+        assert [
+            t.number for t in store.list_trials(study.id, states=[TrialState.RUNNING, "complete"])
+        ] == [0, 1]
+        assert store.list_trials(study.id, order="finished_at")[0].number == 0
+        counts = store.count_trials(study.id)
+        assert counts == {
+            TrialState.WAITING: 3,
+            TrialState.RUNNING: 1,
+            TrialState.COMPLETE: 1,
+            TrialState.INFEASIBLE: 0,
+            TrialState.FAILED: 0,
+            TrialState.PRUNED: 0,
+        }
+        with pytest.raises(InvalidInput):
+            store.list_trials(study.id, order="params")
+        with pytest.raises(InvalidInput):
+            store.list_trials(study.id, states=["done"])
+
+    def test_add_finished_trials(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        imported = store.add_finished_trials(
+            study.id,
+            [
+                (params(0), "complete", {"tokens_per_s": 1000.0}),
+                (params(1), TrialState.INFEASIBLE, None),
+            ],
+        )
+        assert [(t.number, t.state, t.source) for t in imported] == [
+            (0, TrialState.COMPLETE, "imported"),
+            (1, TrialState.INFEASIBLE, "imported"),
+        ]
+        assert imported[0].metrics == {"tokens_per_s": 1000.0}
+        assert imported[0].finished_at is not None
+        assert event_pairs(store, imported[0].id) == [(None, "complete")]
+        assert store.lease_trials(study.id, "w", 5, 60) == []
+        with pytest.raises(InvalidInput, match="finished"):
+            store.add_finished_trials(study.id, [(params(2), "waiting", None)])
+        with pytest.raises(InvalidInput, match="metrics"):
+            store.add_finished_trials(study.id, [(params(2), "complete", None)])
+
+    def test_set_predicted_changes_only_the_prediction(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        (trial,) = store.add_trials(study.id, [params(0)])
+        (leased,) = store.lease_trials(study.id, "w", 1, 60, now=T0)
+        done, _ = store.finish_trial(trial.id, leased.lease_token or "", "complete", metrics={})
+        updated = store.set_predicted(trial.id, {"tokens_per_s": 10.0, "std": 1.0})
+        assert updated.predicted == {"tokens_per_s": 10.0, "std": 1.0}
+        assert dataclasses.replace(updated, predicted=None) == dataclasses.replace(
+            done, predicted=None
+        )
+        with pytest.raises(NotFound):
+            store.set_predicted(999, {})
+
+    def test_history_for_kind(self, store: Store) -> None:
+        a = store.create_study("a", {}, "llm")
+        b = store.create_study("b", {}, "llm")
+        c = store.create_study("c", {}, "dlrm")
+        store.add_finished_trials(a.id, [(params(0), "complete", {"t": 1})])
+        store.add_finished_trials(b.id, [(params(1), "infeasible", None)])
+        store.add_trials(b.id, [params(2)])
+        store.add_finished_trials(c.id, [(params(3), "complete", {"t": 3})])
+        history = store.history_for_kind("llm")
+        assert [(t.study_id, t.number) for t in history] == [(a.id, 0), (b.id, 0), (b.id, 1)]
+        assert [t.study_id for t in store.history_for_kind("llm", exclude_study=a.id)] == [
+            b.id,
+            b.id,
+        ]
+        finished = store.history_for_kind("llm", states=["complete", "infeasible"])
+        assert [t.params for t in finished] == [params(0), params(1)]
+        assert store.history_for_kind("vision") == []
+
+
+class TestLeases:
+    def test_lease_is_idempotent_per_worker(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        trials = store.add_trials(study.id, [params(i) for i in range(4)])
+        (mine,) = store.lease_trials(study.id, "w1", 1, 60, now=T0)
+        assert mine.id == trials[0].id
+        assert mine.state is TrialState.RUNNING and mine.worker_id == "w1"
+        assert mine.lease_token and len(mine.lease_token) == 32
+        assert mine.lease_deadline == T0 + timedelta(seconds=60)
+        assert mine.started_at == T0
+
+        (again,) = store.lease_trials(study.id, "w1", 1, 60, now=T0 + timedelta(seconds=30))
+        assert again.id == mine.id and again.lease_token == mine.lease_token
+        assert again.lease_deadline == T0 + timedelta(seconds=90)
+
+        (theirs,) = store.lease_trials(study.id, "w2", 1, 60, now=T0)
+        assert theirs.id == trials[1].id
+
+        both = store.lease_trials(study.id, "w1", 2, 60, now=T0)
+        assert [t.id for t in both] == [trials[0].id, trials[2].id]
+        assert both[0].lease_token == mine.lease_token
+        # Asking for fewer than it holds still returns everything the worker holds.
+        assert len(store.lease_trials(study.id, "w1", 0, 60, now=T0)) == 2
+        assert event_pairs(store, mine.id) == [(None, "waiting"), ("waiting", "running")]
+
+    def test_two_workers_never_overlap(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(i) for i in range(5)])
+        first = store.lease_trials(study.id, "w1", 3, 60)
+        second = store.lease_trials(study.id, "w2", 3, 60)
+        assert [t.number for t in first] == [0, 1, 2]
+        assert [t.number for t in second] == [3, 4]
+        assert store.lease_trials(study.id, "w3", 3, 60) == []
+        assert len({t.lease_token for t in first + second}) == 5
+
+    def test_concurrent_leasing_never_double_leases(self, store: Store, db_url: str) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(i) for i in range(40)])
+
+        def work(i: int) -> list[int]:
+            got: list[int] = []
+            with Store(db_url) as own:
+                while batch := own.lease_trials(study.id, f"w{i}", 2, 60):
+                    for trial in batch:
+                        got.append(trial.id)
+                        own.finish_trial(
+                            trial.id, trial.lease_token or "", "complete", metrics={"w": i}
+                        )
+            return got
+
+        leased = [tid for got in in_threads(8, work) for tid in got]
+        assert len(leased) == 40 and len(set(leased)) == 40
+        assert store.count_trials(study.id)[TrialState.COMPLETE] == 40
+        for tid in leased[:5]:
+            assert event_pairs(store, tid) == [
+                (None, "waiting"),
+                ("waiting", "running"),
+                ("running", "complete"),
+            ]
+
+    def test_paused_study_leases_nothing_new(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(i) for i in range(3)])
+        (held,) = store.lease_trials(study.id, "w1", 1, 60)
+        store.set_study_state(study.id, "paused")
+        assert [t.id for t in store.lease_trials(study.id, "w1", 3, 60)] == [held.id]
+        assert store.lease_trials(study.id, "w2", 3, 60) == []
+        store.set_study_state(study.id, "running")
+        assert len(store.lease_trials(study.id, "w2", 3, 60)) == 2
+
+    def test_heartbeat_extends_the_lease(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(0)])
+        (trial,) = store.lease_trials(study.id, "w", 1, 60, now=T0)
+        token = trial.lease_token or ""
+        beat = store.heartbeat(trial.id, token, 120, now=T0 + timedelta(seconds=50))
+        assert beat.lease_deadline == T0 + timedelta(seconds=170)
+        assert beat.state is TrialState.RUNNING and beat.lease_token == token
+        # The extended lease survives a reap that would have caught the original one.
+        assert store.reap_expired(now=T0 + timedelta(seconds=100)) == []
+        with pytest.raises(LeaseLost):
+            store.heartbeat(trial.id, "0" * 32, 60)
+        with pytest.raises(NotFound):
+            store.heartbeat(999, token, 60)
+        with pytest.raises(InvalidInput):
+            store.heartbeat(trial.id, token, 0)
+        with pytest.raises(InvalidInput, match="timezone"):
+            store.heartbeat(trial.id, token, 60, now=datetime(2030, 1, 1))
+        assert event_pairs(store, trial.id) == [(None, "waiting"), ("waiting", "running")]
+
+    def test_release_returns_the_trial_to_the_queue(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(0)])
+        (trial,) = store.lease_trials(study.id, "w1", 1, 60)
+        released = store.release_trial(trial.id, trial.lease_token or "")
+        assert released.state is TrialState.WAITING
+        assert released.worker_id is None and released.lease_token is None
+        (again,) = store.lease_trials(study.id, "w2", 1, 60)
+        assert again.id == trial.id and again.lease_token != trial.lease_token
+        # The first worker's token is stale now.
+        for stale in (
+            lambda: store.heartbeat(trial.id, trial.lease_token or "", 60),
+            lambda: store.finish_trial(trial.id, trial.lease_token or "", "complete", metrics={}),
+            lambda: store.release_trial(trial.id, trial.lease_token or ""),
+        ):
+            with pytest.raises(LeaseLost):
+                stale()
+        assert store.get_trial(trial.id).worker_id == "w2"
+        assert event_pairs(store, trial.id) == [
+            (None, "waiting"),
+            ("waiting", "running"),
+            ("running", "waiting"),
+            ("waiting", "running"),
+        ]
+
+
+class TestFinishing:
+    def _leased(self, store: Store, max_attempts: int = 3) -> Trial:
+        study = store.create_study("a", {}, "llm", max_attempts=max_attempts)
+        store.add_trials(study.id, [params(0)])
+        (trial,) = store.lease_trials(study.id, "w", 1, 60, now=T0)
+        return trial
+
+    def test_finish_is_applied_once(self, store: Store) -> None:
+        trial = self._leased(store)
+        token = trial.lease_token or ""
+        done, retry = store.finish_trial(
+            trial.id,
+            token,
+            "complete",
+            metrics={"tokens_per_s": 1234.5},
+            log_tail="ok",
+            now=T0 + timedelta(seconds=10),
+        )
+        assert retry is None
+        assert done.state is TrialState.COMPLETE
+        assert done.metrics == {"tokens_per_s": 1234.5}
+        assert done.finished_at == T0 + timedelta(seconds=10)
+        assert done.lease_deadline is None and done.worker_id == "w"
+        events = store.trial_events(trial.id)
+        assert events[-1].to_state is TrialState.COMPLETE and events[-1].worker_id == "w"
+
+        repeat, repeat_retry = store.finish_trial(
+            trial.id, token, "complete", metrics={"tokens_per_s": 1.0}, now=T0 + timedelta(hours=1)
+        )
+        assert repeat == done and repeat_retry is None
+        assert store.get_trial(trial.id) == done
+        assert store.trial_events(trial.id) == events
+
+    def test_finished_trial_cannot_change(self, store: Store) -> None:
+        trial = self._leased(store)
+        token = trial.lease_token or ""
+        done, _ = store.finish_trial(trial.id, token, "infeasible", error="CUDA out of memory")
+        with pytest.raises(TrialFinished, match="infeasible"):
+            store.finish_trial(trial.id, token, "complete", metrics={"t": 1})
+        with pytest.raises(LeaseLost):
+            store.finish_trial(trial.id, "f" * 32, "infeasible")
+        with pytest.raises(LeaseLost):
+            store.heartbeat(trial.id, token, 60)
+        with pytest.raises(LeaseLost):
+            store.release_trial(trial.id, token)
+        assert store.get_trial(trial.id) == done
+        assert store.lease_trials(trial.study_id, "w2", 1, 60) == []
+        assert issubclass(TrialFinished, Conflict) and issubclass(LeaseLost, Conflict)
+
+    def test_finish_needs_a_valid_report(self, store: Store) -> None:
+        trial = self._leased(store)
+        token = trial.lease_token or ""
+        with pytest.raises(InvalidInput):
+            store.finish_trial(trial.id, token, "running")
+        with pytest.raises(InvalidInput, match="metrics"):
+            store.finish_trial(trial.id, token, "complete")
+        with pytest.raises(InvalidInput, match="JSON"):
+            store.finish_trial(trial.id, token, "complete", metrics={"t": float("inf")})
+        with pytest.raises(NotFound):
+            store.finish_trial(999, token, "pruned")
+        assert store.get_trial(trial.id).state is TrialState.RUNNING
+
+    def test_waiting_trial_cannot_be_finished(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        (trial,) = store.add_trials(study.id, [params(0)])
+        with pytest.raises(LeaseLost):
+            store.finish_trial(trial.id, "", "complete", metrics={})
+
+    def test_failed_trials_are_retried_up_to_the_cap(self, store: Store) -> None:
+        trial = self._leased(store, max_attempts=3)
+        study_id = trial.study_id
+        chain = [trial]
+        retries: list[Trial | None] = []
+        for _ in range(3):
+            (current,) = store.lease_trials(study_id, "w", 1, 60)
+            assert current.id == chain[-1].id
+            failed, retry = store.finish_trial(
+                current.id, current.lease_token or "", "failed", error="NCCL timeout"
+            )
+            assert failed.state is TrialState.FAILED and failed.error == "NCCL timeout"
+            retries.append(retry)
+            if retry is not None:
+                chain.append(retry)
+        assert [t.attempt for t in chain] == [1, 2, 3]
+        assert retries[2] is None
+        for previous, retry in itertools.pairwise(chain):
+            assert retry.retry_of == previous.id
+            assert retry.source == "retry"
+            assert retry.params == trial.params
+            assert retry.number > previous.number
+        assert store.lease_trials(study_id, "w", 1, 60) == []
+        assert store.count_trials(study_id)[TrialState.FAILED] == 3
+        assert len(store.list_trials(study_id)) == 3
+        assert store.trial_events(chain[0].id)[-1].detail["retry_trial_id"] == chain[1].id
+        assert event_pairs(store, chain[1].id)[0] == (None, "waiting")
+
+    def test_repeated_failure_report_returns_the_same_retry(self, store: Store) -> None:
+        trial = self._leased(store)
+        token = trial.lease_token or ""
+        first = store.finish_trial(trial.id, token, "failed", error="node lost")
+        again = store.finish_trial(trial.id, token, "failed", error="node lost")
+        assert first == again and first[1] is not None
+        assert len(store.list_trials(trial.study_id)) == 2
+
+    def test_infeasible_and_pruned_are_not_retried(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(0), params(1)])
+        a, b = store.lease_trials(study.id, "w", 2, 60)
+        assert store.finish_trial(a.id, a.lease_token or "", "infeasible")[1] is None
+        assert store.finish_trial(b.id, b.lease_token or "", "pruned")[1] is None
+        assert len(store.list_trials(study.id)) == 2
+
+
+class TestReaping:
+    def test_expired_leases_fail_and_retry(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm", max_attempts=2)
+        store.add_trials(study.id, [params(0), params(1)])
+        short, long_ = store.lease_trials(study.id, "w", 2, 60, now=T0)
+        store.heartbeat(long_.id, long_.lease_token or "", 600, now=T0)
+
+        assert store.reap_expired(now=T0 + timedelta(seconds=59)) == []
+        (reaped,) = store.reap_expired(now=T0 + timedelta(seconds=61))
+        assert reaped.id == short.id
+        assert reaped.state is TrialState.FAILED and reaped.error == LEASE_EXPIRED
+        assert reaped.lease_token is None and reaped.worker_id == "w"
+        assert store.get_trial(long_.id).state is TrialState.RUNNING
+
+        (retry,) = store.list_trials(study.id, states=["waiting"])
+        assert (retry.retry_of, retry.attempt, retry.params) == (short.id, 2, short.params)
+        assert event_pairs(store, short.id)[-1] == ("running", "failed")
+        assert store.trial_events(short.id)[-1].detail["reason"] == LEASE_EXPIRED
+
+        with pytest.raises(LeaseLost):
+            store.finish_trial(short.id, short.lease_token or "", "complete", metrics={"t": 1})
+        with pytest.raises(LeaseLost):
+            store.finish_trial(short.id, short.lease_token or "", "failed")
+        with pytest.raises(LeaseLost):
+            store.heartbeat(short.id, short.lease_token or "", 60)
+        assert store.reap_expired(now=T0 + timedelta(seconds=61)) == []
+
+        # The retry is the last attempt: when it expires too, nothing more is created.
+        (last,) = store.lease_trials(study.id, "w2", 1, 60, now=T0 + timedelta(seconds=62))
+        assert last.id == retry.id
+        reaped = store.reap_expired(now=T0 + timedelta(hours=1))
+        assert {t.id for t in reaped} == {retry.id, long_.id}
+        assert store.count_trials(study.id)[TrialState.FAILED] == 3
+        assert store.count_trials(study.id)[TrialState.WAITING] == 1  # long_'s retry
+
+    def test_concurrent_reapers_reap_each_trial_once(self, store: Store, db_url: str) -> None:
+        studies = [store.create_study(f"s{i}", {}, "llm") for i in range(3)]
+        for study in studies:
+            store.add_trials(study.id, [params(i) for i in range(6)])
+            store.lease_trials(study.id, "w", 6, 60, now=T0)
+
+        def reap(_: int) -> list[int]:
+            with Store(db_url) as own:
+                return [t.id for t in own.reap_expired(now=T0 + timedelta(minutes=5))]
+
+        reaped = [tid for ids in in_threads(4, reap) for tid in ids]
+        assert len(reaped) == 18 and len(set(reaped)) == 18
+        for study in studies:
+            counts = store.count_trials(study.id)
+            assert counts[TrialState.FAILED] == 6 and counts[TrialState.WAITING] == 6
+            numbers = [t.number for t in store.list_trials(study.id)]
+            assert numbers == list(range(12))
+
+
+class TestEvents:
+    def test_every_transition_is_recorded_in_order(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        (trial,) = store.add_trials(study.id, [params(0)])
+        (leased,) = store.lease_trials(study.id, "w1", 1, 60, now=T0)
+        store.release_trial(trial.id, leased.lease_token or "")
+        (leased,) = store.lease_trials(study.id, "w2", 1, 60, now=T0 + timedelta(seconds=5))
+        store.heartbeat(trial.id, leased.lease_token or "", 60)
+        store.finish_trial(
+            trial.id, leased.lease_token or "", "pruned", now=T0 + timedelta(seconds=9)
+        )
+        events = store.trial_events(trial.id)
+        assert [(e.from_state, e.to_state, e.worker_id) for e in events] == [
+            (None, TrialState.WAITING, None),
+            (TrialState.WAITING, TrialState.RUNNING, "w1"),
+            (TrialState.RUNNING, TrialState.WAITING, "w1"),
+            (TrialState.WAITING, TrialState.RUNNING, "w2"),
+            (TrialState.RUNNING, TrialState.PRUNED, "w2"),
+        ]
+        assert events[-1].at == T0 + timedelta(seconds=9)
+        assert all(e.trial_id == trial.id for e in events)
+        assert [e.id for e in events] == sorted(e.id for e in events)
+        with pytest.raises(NotFound):
+            store.trial_events(999)
+
+
+class TestProxyModels:
+    def test_versions_increment_per_kind(self, store: Store) -> None:
+        assert store.latest_proxy_model("llm") is None
+        booster = {"learner": {"trees": [[0, 1, 2]]}, "version": [2, 1, 0]}
+        v1 = store.save_proxy_model("llm", booster, ["tp", "pp"], {"mape": 0.2}, n_train=10)
+        v2 = store.save_proxy_model("llm", {"b": 2}, ["tp"], {"mape": 0.1}, n_train=20)
+        d1 = store.save_proxy_model("dlrm", {"b": 3}, ["tables"], {}, n_train=5)
+        assert (v1.version, v2.version, d1.version) == (1, 2, 1)
+        latest = store.latest_proxy_model("llm")
+        assert latest == v2
+        assert store.get_proxy_model("llm", 1).model == booster
+        assert store.get_proxy_model("llm", 1).features == ["tp", "pp"]
+        assert [m.version for m in store.list_proxy_models("llm")] == [1, 2]
+        assert store.list_proxy_models("vision") == []
+        with pytest.raises(NotFound):
+            store.get_proxy_model("llm", 3)
+        with pytest.raises(InvalidInput):
+            store.save_proxy_model("llm", {}, "tp", {}, n_train=1)
+
+    def test_concurrent_saves_get_distinct_versions(self, store: Store, db_url: str) -> None:
+        def save(i: int) -> int:
+            with Store(db_url) as own:
+                return own.save_proxy_model("llm", {"i": i}, ["x"], {}, n_train=i).version
+
+        assert sorted(in_threads(6, save)) == [1, 2, 3, 4, 5, 6]
+
+
+class TestStudyLock:
+    def test_lock_serialises_holders_across_stores(self, store: Store, db_url: str) -> None:
+        study = store.create_study("a", {}, "llm")
+        other = store.create_study("b", {}, "llm")
+        inside = 0
+        overlaps: list[int] = []
+        guard = threading.Lock()
+
+        def hold(_: int) -> None:
+            nonlocal inside
+            with Store(db_url) as own, own.study_lock(study.id):
+                with guard:
+                    inside += 1
+                    overlaps.append(inside)
+                time.sleep(0.05)
+                with guard:
+                    inside -= 1
+
+        in_threads(4, hold)
+        assert overlaps == [1, 1, 1, 1]
+
+        # Another study's lock is independent.
+        acquired = threading.Event()
+
+        def other_study() -> None:
+            with Store(db_url) as own, own.study_lock(other.id):
+                acquired.set()
+
+        with store.study_lock(study.id):
+            thread = threading.Thread(target=other_study)
+            thread.start()
+            assert acquired.wait(5)
+            thread.join()
+        with pytest.raises(NotFound), store.study_lock(999):
+            pass
+
+    def test_lock_is_released_after_an_error(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        with pytest.raises(RuntimeError), store.study_lock(study.id):
+            raise RuntimeError("proposal failed")
+        with store.study_lock(study.id):
+            pass
+
+
+def test_counter_of_sources_and_states(store: Store) -> None:
+    """Numbers stay dense and sources are recorded across mixed creation paths."""
+    study = store.create_study("a", {}, "llm", max_attempts=2)
+    store.add_trials(study.id, [params(0)], source="baseline")
+    store.add_finished_trials(study.id, [(params(1), "complete", {"t": 2})])
+    (trial,) = store.lease_trials(study.id, "w", 1, 60)
+    store.finish_trial(trial.id, trial.lease_token or "", "failed")
+    trials = store.list_trials(study.id)
+    assert [t.number for t in trials] == [0, 1, 2]
+    assert Counter(t.source for t in trials) == {"baseline": 1, "imported": 1, "retry": 1}

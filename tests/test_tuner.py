@@ -1,0 +1,210 @@
+"""The study lifecycle over a real store and real Optuna samplers.
+
+The jobs here are small black-box functions, as every job is to the tuner: what is tested is
+how the tuner proposes, leases, retries and learns, not a performance model.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from cubic.errors import InvalidInput, LeaseLost
+from cubic.outcome import Outcome
+from cubic.store import Store
+from cubic.store.objects import StudyState, TrialState
+from cubic.study import parse_spec
+from cubic.tuner import Tuner
+
+# Half of this space is "out of memory": every config with x >= 10.
+HALF_OOM_SPACE = {
+    "name": "half_oom",
+    "parameters": {
+        "x": {"type": "int", "low": 0, "high": 19},
+        "y": {"type": "int", "low": 0, "high": 19},
+    },
+}
+WORKLOAD = {"preset": "llama3_8b"}
+
+
+def _spec(**kw: Any) -> Any:
+    base = {"name": "t", "workload": WORKLOAD, "space": HALF_OOM_SPACE,
+            "objective": "throughput", "budget": {"max_trials": 60, "max_parallel": 4},
+            "strategy": {"name": "tpe", "seed": 2}}
+    base.update(kw)
+    return parse_spec(base)
+
+
+def _job(params: dict[str, Any]) -> Outcome:
+    x, y = params["x"], params["y"]
+    if x >= 10:
+        return Outcome("infeasible", error="CUDA out of memory")
+    return Outcome("complete", {"throughput": 1000.0 - 30 * (x - 4) ** 2 - 3 * (y - 7) ** 2})
+
+
+@pytest.fixture
+def tuner(store: Store) -> Tuner:
+    return Tuner(store)
+
+
+def _run(tuner: Tuner, sid: int, worker: str = "w", batch: int = 1) -> list[Any]:
+    """Run the study to its end; returns the trials in the order they were leased."""
+    order = []
+    while True:
+        leased = tuner.ask(sid, worker, batch)
+        if not leased:
+            return order
+        for t in leased:
+            order.append(t)
+            tuner.tell(t.id, t.lease_token, _job(t.params))
+
+
+def test_infeasible_region_is_avoided(tuner: Tuner) -> None:
+    first = last = 0
+    for seed in (1, 2, 3):
+        sid = tuner.create_study(_spec(strategy={"name": "tpe", "seed": seed})).id
+        order = _run(tuner, sid, batch=4)
+        assert len(order) == 60
+        assert tuner.store.get_study(sid).state == StudyState.COMPLETED
+        infeasible = [t.params["x"] >= 10 for t in order]
+        first += sum(infeasible[:20])
+        last += sum(infeasible[40:])
+    # Random proposals put about half of each third in the out-of-memory half.
+    assert first >= 15
+    assert last <= first / 2.5, (first, last)
+
+
+def test_finds_a_good_config_and_never_repeats_one(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    order = _run(tuner, sid, batch=4)
+    keys = [(t.params["x"], t.params["y"]) for t in order]
+    assert len(set(keys)) == len(keys)
+    best = tuner.best(sid)
+    assert best is not None and best.value >= 1000 - 30 - 12  # within one step of (4, 7)
+
+
+@pytest.mark.parametrize("strategy", ["random", "qmc", "grid", "tpe"])
+def test_every_strategy_proposes_valid_distinct_configs(tuner: Tuner, strategy: str) -> None:
+    spec = _spec(strategy={"name": strategy, "seed": 3}, budget={"max_trials": 12,
+                                                                 "max_parallel": 12})
+    sid = tuner.create_study(spec).id
+    leased = tuner.ask(sid, "w", 12)
+    assert len(leased) == 12
+    assert len({(t.params["x"], t.params["y"]) for t in leased}) == 12
+    assert all(0 <= t.params["x"] < 20 for t in leased)
+
+
+def test_space_constraints_are_respected_by_the_sampler(tuner: Tuner) -> None:
+    space = {**HALF_OOM_SPACE, "constraints": [{"expr": "(x + y) % 3 == 0",
+                                                "message": "x + y must be a multiple of 3"}]}
+    sid = tuner.create_study(_spec(space=space, budget={"max_trials": 30,
+                                                        "max_parallel": 30})).id
+    leased = tuner.ask(sid, "w", 30)
+    assert len(leased) == 30
+    assert all((t.params["x"] + t.params["y"]) % 3 == 0 for t in leased)
+
+
+def test_same_worker_gets_same_trial_back(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    a = tuner.ask(sid, "w1", 1)
+    again = tuner.ask(sid, "w1", 1)
+    assert [t.id for t in again] == [t.id for t in a]
+    other = tuner.ask(sid, "w2", 1)
+    assert other[0].id != a[0].id
+
+
+def test_repeated_report_changes_nothing(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    (t,) = tuner.ask(sid, "w", 1)
+    out = Outcome("complete", {"throughput": 123.0})
+    first = tuner.tell(t.id, t.lease_token, out)
+    events = tuner.store.trial_events(t.id)
+    second = tuner.tell(t.id, t.lease_token, out)
+    assert second == first
+    assert tuner.store.trial_events(t.id) == events
+    with pytest.raises(Exception):  # noqa: B017 - a finished trial never changes
+        tuner.tell(t.id, t.lease_token, Outcome("failed", error="late"))
+    assert tuner.store.get_trial(t.id).metrics == {"throughput": 123.0}
+
+
+def test_failed_trials_are_retried_up_to_the_cap(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(max_retries=2, budget={"max_trials": 1,
+                                                          "max_parallel": 1})).id
+    attempts = []
+    while leased := tuner.ask(sid, "w", 1):
+        (t,) = leased
+        attempts.append(t)
+        tuner.tell(t.id, t.lease_token, Outcome("failed", error="node lost"))
+    assert [t.attempt for t in attempts] == [1, 2, 3]
+    assert len({str(t.params) for t in attempts}) == 1
+    trials = tuner.store.list_trials(sid)
+    assert [t.state for t in trials] == [TrialState.FAILED] * 3
+    assert tuner.store.get_study(sid).state == StudyState.COMPLETED
+
+
+def test_infeasible_trials_are_not_retried(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(budget={"max_trials": 1, "max_parallel": 1})).id
+    (t,) = tuner.ask(sid, "w", 1)
+    tuner.tell(t.id, t.lease_token, Outcome("infeasible", error="CUDA out of memory"))
+    assert tuner.ask(sid, "w", 1) == []
+    assert tuner.store.count_trials(sid)[TrialState.INFEASIBLE] == 1
+
+
+def test_expired_lease_is_reaped_and_retried(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(budget={"max_trials": 1, "max_parallel": 1})).id
+    (t,) = tuner.ask(sid, "w", 1, lease_seconds=0.01)
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    reaped = tuner.store.reap_expired(now=later)
+    assert [r.id for r in reaped] == [t.id]
+    assert tuner.store.get_trial(t.id).state == TrialState.FAILED
+    with pytest.raises(LeaseLost):
+        tuner.tell(t.id, t.lease_token, Outcome("complete", {"throughput": 1.0}))
+    (retry,) = tuner.ask(sid, "w2", 1)
+    assert retry.params == t.params and retry.attempt == 2
+
+
+def test_budget_caps_parallel_trials(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(budget={"max_trials": 10, "max_parallel": 3})).id
+    assert len(tuner.ask(sid, "w", 8)) == 3
+
+
+def test_baseline_runs_first_and_speedup_is_reported(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(baseline={"x": 2, "y": 2},
+                                   budget={"max_trials": 20, "max_parallel": 4})).id
+    (first,) = tuner.ask(sid, "w", 1)
+    assert first.source == "baseline" and first.params["x"] == 2
+    tuner.tell(first.id, first.lease_token, _job(first.params))
+    _run(tuner, sid)
+    best = tuner.best(sid)
+    assert best is not None
+    assert best.baseline_value == pytest.approx(1000 - 120 - 75)
+    assert best.speedup == pytest.approx(best.value / best.baseline_value)
+    assert best.speedup > 1.0
+
+
+def test_constraint_violating_trial_never_counts_as_best(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(constraints={"max_error_score": 0.5},
+                                   budget={"max_trials": 2, "max_parallel": 2})).id
+    a, b = tuner.ask(sid, "w", 2)
+    tuner.tell(a.id, a.lease_token, Outcome("complete", {"throughput": 9e9, "error_score": 2}))
+    tuner.tell(b.id, b.lease_token, Outcome("complete", {"throughput": 10.0, "error_score": 0}))
+    assert "numerical-error score" in (tuner.store.get_trial(a.id).error or "")
+    assert tuner.best(sid).trial.id == b.id
+
+
+def test_bad_baseline_and_missing_metric_are_clear_errors(tuner: Tuner) -> None:
+    with pytest.raises(InvalidInput, match="baseline"):
+        tuner.create_study(_spec(baseline={"x": 99, "y": 0}))
+    sid = tuner.create_study(_spec()).id
+    (t,) = tuner.ask(sid, "w", 1)
+    with pytest.raises(InvalidInput, match="throughput"):
+        tuner.tell(t.id, t.lease_token, Outcome("complete", {"mfu": 0.5}))
+    assert tuner.store.get_trial(t.id).state == TrialState.RUNNING
+
+
+def test_paused_study_proposes_nothing(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    tuner.store.set_study_state(sid, StudyState.PAUSED)
+    assert tuner.ask(sid, "w", 2) == []
