@@ -28,7 +28,7 @@ app.add_typer(spaces_app, name="spaces")
 app.add_typer(study_app, name="study")
 app.add_typer(sim_app, name="sim")
 
-console = Console()
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="database URL (CUBIC_DATABASE_URL)")]

@@ -1,32 +1,42 @@
 """Simulated DLRM training: TorchRec-style sharded embedding tables plus data-parallel MLPs.
 
-An analytical model of one training step of a DLRM (Naumov et al. 2019) or DLRM-DCNv2
-(the MLPerf reference) trained the way TorchRec does it: embedding tables sharded by the
-sharding types of ``torchrec.distributed`` (table-wise, row-wise, column-wise,
-table-row-wise, data-parallel) and looked up with FBGEMM's fused table-batched embedding
-(TBE) kernels, which apply the sparse optimizer inside the backward pass; pooled embeddings
-exchanged with an all-to-all (or a reduce-scatter for row-wise shards); bottom MLP,
-interaction and top MLP replicated and synchronised with a data-parallel all-reduce. The
-structure follows Mudigere et al. 2022, "Software-hardware co-design for fast and scalable
-training of deep learning recommendation models".
+An analytical model of one training step of a DLRM (Naumov et al. 2019) or of the MLPerf
+DLRM-DCNv2 reference (multi-hot Criteo 1TB, low-rank cross network), trained the way
+TorchRec does it, after Mudigere et al. 2022, "Software-hardware co-design for fast and
+scalable training of deep learning recommendation models":
 
-Every configuration knob is an array, so one call prices many configurations; the only
-Python loops run over tables, table shards and layers.
+* embedding tables sharded with ``torchrec.distributed``'s sharding types (table-wise,
+  row-wise, column-wise, table-row-wise, data-parallel) and looked up with FBGEMM's fused
+  table-batched embedding (TBE) kernels, which apply the sparse optimizer inside the
+  backward pass, so a lookup costs the bytes of its row and optimizer state;
+* rows in HBM, in host memory reached over PCIe (UVM), or in host memory behind an HBM
+  cache of the hottest rows (FBGEMM's UVM caching);
+* pooled embeddings exchanged by an all-to-all (table-wise, column-wise), a reduce-scatter of
+  the global batch's partial sums (row-wise), or both (table-row-wise), and their
+  gradients the same way back;
+* bottom MLP, interaction (dot or DCNv2) and top MLP replicated on every rank and
+  synchronised with DDP's fp32 all-reduce, optionally with FP8 GEMMs per site;
+* a step time set by the slowest rank, plus a fixed host cost per step that eager
+  PyTorch and TorchRec pay (see ``HOST_OVERHEAD_S``).
+
+Every knob is an array, so one call prices many configurations; the only Python loops run
+over tables, table shards and layers.
 
 Simplifications, each chosen to keep the model closed-form:
 
 * Tables fall into three classes by rows (large >= 1,000,000, medium >= 10,000, small), and
-  each class has one sharding type, as a planner constraint per class would give.
+  each class has one sharding type, as one planner constraint per class would give.
 * Table-wise and column-wise shards go to ranks like TorchRec's ``GreedyPerfPartitioner``:
-  shards in decreasing order of cost, each to the least-loaded rank that still has HBM for
-  it. Shards are ordered by a static key (lookups times width, then rows), not by the
-  planner's per-plan estimate. Table-row-wise tables go to nodes the same way; their rows
-  split evenly inside the node.
-* Lookups of row-wise shards are balanced; ids are assumed spread evenly over rows.
+  shards in decreasing order of cost, each to the least-loaded rank that still has room in a
+  storage budget that, like the planner's, reserves a share of HBM instead of computing
+  activations. Shards are ordered by a static key (lookups times width, then rows).
+  Table-row-wise tables go to nodes the same way; their rows split evenly inside the node.
+* Ids spread evenly over a table's rows, so row-wise shards are balanced.
 * The all-to-all is priced at the average bytes per rank; only lookups are imbalanced.
-* Access frequencies follow a Zipf law, so an HBM cache of the hottest rows hits far more
-  often than its size suggests; a batch whose lookups exceed the cache's rows cannot be
-  held and its excess goes straight to host memory, as with FBGEMM's LRU cache.
+* Row accesses follow a Zipf law, so an HBM cache of the hottest rows hits far more often
+  than its size suggests; lookups of a batch beyond the cache's rows go to host memory, as
+  FBGEMM's LRU cache cannot hold a batch larger than itself. Optimizer state of cached and
+  host-placed tables stays in host memory, as FBGEMM places it with the weights.
 """
 
 from __future__ import annotations

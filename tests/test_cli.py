@@ -1,0 +1,104 @@
+"""The `cubic` command, run as a user runs it: a real process, a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACES = ROOT / "search_spaces"
+
+
+def cubic(*args: str, db: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    if db is not None:
+        env["CUBIC_DATABASE_URL"] = f"sqlite:///{db}"
+    proc = subprocess.run([sys.executable, "-m", "cubic.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cubic {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_spaces_validate_ok_counts_configs() -> None:
+    out = cubic("spaces", "validate", str(SPACES / "llm_pretrain.yaml"),
+                "--workload", "llama3_70b").stdout
+    assert "ok, 16 parameters" in out
+    assert "valid configurations for llama3_70b" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("parameters: {tp: {type: int, low: 4, high: 2}}", "parameter 'tp'"),
+        ("parameters: {tp: {type: wat}}", "parameter 'tp'"),
+        ("parameters: [oops", "bad.yaml"),
+        ("parameters: {a: {type: bool, when: 'b > 1', default: false},"
+         " b: {type: int, low: 1, high: 2}}", "parameter 'a'"),
+    ],
+)
+def test_spaces_validate_broken_file_is_one_line_exit_2(tmp_path: Path, text: str,
+                                                        needle: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    proc = cubic("spaces", "validate", str(bad), check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert needle in lines[0] and "bad.yaml" in lines[0]
+
+
+def test_missing_schema_is_refused_with_the_command_to_run(tmp_path: Path) -> None:
+    proc = cubic("study", "list", db=tmp_path / "x.db", check=False)
+    assert proc.returncode == 2
+    assert "cubic db upgrade" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_study_lifecycle_through_the_cli(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    cubic("db", "upgrade", db=db)
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        "name: cli-study\n"
+        "workload: {preset: llama3_8b, cluster: {gpu: h100_sxm, num_gpus: 16}}\n"
+        f"space: {SPACES / 'llm_pretrain.yaml'}\n"
+        "objective: tokens_per_s\n"
+        "budget: {max_trials: 6, max_parallel: 2}\n"
+        "strategy: {name: random, seed: 1}\n"
+    )
+    created = json.loads(cubic("study", "create", str(study), "--json", db=db).stdout)
+    sid = str(created["id"])
+    listed = json.loads(cubic("study", "list", "--json", db=db).stdout)
+    assert [s["name"] for s in listed] == ["cli-study"]
+    assert "objectives: maximize tokens_per_s" in cubic("study", "show", sid, db=db).stdout
+    proc = cubic("best", sid, db=db, check=False)
+    assert proc.returncode == 2 and "no complete trial" in proc.stderr
+    assert json.loads(cubic("trials", sid, "--json", db=db).stdout) == []
+
+
+def test_bad_study_spec_names_the_field(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    cubic("db", "upgrade", db=db)
+    study = tmp_path / "s.yaml"
+    study.write_text("name: x\nworkload: llama3_8b\nspace: {parameters: {a: {type: bool}}}\n"
+                     "budget: {max_trials: -1}\n")
+    proc = cubic("study", "create", str(study), db=db, check=False)
+    assert proc.returncode == 2
+    assert "budget.max_trials" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_finds_a_faster_config_than_the_baseline(tmp_path: Path) -> None:
+    out = cubic("demo", "--trials", "16", "--workers", "2", "--db",
+                f"sqlite:///{tmp_path / 'd.db'}").stdout
+    assert "best config" in out
+    assert "speed-up" in out
+    speedup = float(out.split("speed-up")[1].split("x")[0])
+    assert speedup >= 1.0
