@@ -41,7 +41,7 @@ def _url(db: str | None) -> str:
     return db or Settings().database_url
 
 
-def _tuner(db: str | None):  # noqa: ANN202 - lazy import keeps `cubic --help` fast
+def _tuner(db: str | None):
     from cubic.store import Store
     from cubic.tuner import Tuner
 
@@ -275,6 +275,29 @@ def sim_bench(
 
     for line in bench(n, repeat):
         console.print(line)
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port")] = 8000,
+    db: DbOpt = None,
+) -> None:
+    """Start the API (health and readiness so far) on the configured database."""
+    import uvicorn
+
+    from cubic.config import Settings
+    from cubic.store.engine import make_engine
+    from cubic.store.schema import check_schema
+    from service.app import create_app
+
+    settings = Settings(database_url=_url(db))
+    engine = make_engine(settings.database_url)
+    try:
+        check_schema(engine)  # refuse to start on an out-of-date schema, naming the command
+    finally:
+        engine.dispose()
+    uvicorn.run(create_app(settings), host=host, port=port)
 
 
 # demo ---------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "search_spaces" / "llam
 
 
 def run_worker(tuner: Tuner, study_id: int, worker_id: str, seed: int,
-               stop: threading.Event, on_done=None) -> int:  # noqa: ANN001
+               stop: threading.Event, on_done=None) -> int:
     """Lease, run and report trials until the study has nothing left to propose."""
     resolved = tuner.resolved(study_id)
     done = 0
@@ -72,7 +72,7 @@ def run_demo(study_file: Path | None = None, *, trials: int | None = None, worke
         task = progress.add_task("trials", total=spec.budget.max_trials)
         best = {"v": None}
 
-        def on_done(t, outcome) -> None:  # noqa: ANN001
+        def on_done(t, outcome) -> None:
             with lock:
                 v = outcome.metrics.get(metric) if outcome.state == "complete" else None
                 if v is not None and (best["v"] is None or v > best["v"]):

@@ -7,6 +7,7 @@ job reports.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,10 +181,8 @@ class Tuner:
         if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in history):
             return
         if self._room(study_id, history, 1) == 0:
-            try:
+            with contextlib.suppress(Conflict):  # another process finished it first
                 self.store.set_study_state(study_id, StudyState.COMPLETED)
-            except Conflict:
-                pass  # another process completed or archived it first
 
     # results ------------------------------------------------------------------------------
     def progress(self, study_id: int) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class LLM:
         """(attention, MLP) weights of one layer; the MLP counts every expert."""
         h, kv = self.hidden, self.kv_heads * self.head_dim
         attn = h * h * 2 + 2 * h * kv
-        mlp = self.mlp_mats * h * self.ffn * self.experts + (h * self.experts if self.experts > 1 else 0)
+        router = h * self.experts if self.experts > 1 else 0
+        mlp = self.mlp_mats * h * self.ffn * self.experts + router
         return float(attn), float(mlp)
 
     def params(self) -> float:
@@ -256,7 +257,8 @@ def _from_dict(d: dict[str, Any], source: str) -> Workload:
     if preset is not None:
         if preset not in PRESETS:
             raise WorkloadError(
-                f"{source}: preset: unknown workload {preset!r}; known: {', '.join(sorted(PRESETS))}"
+                f"{source}: preset: unknown workload {preset!r}; "
+                f"known: {', '.join(sorted(PRESETS))}"
             )
         base = PRESETS[preset]
         model = base.model

@@ -58,8 +58,10 @@ from cubic.workload import DLRM, PRESETS, Cluster, Training, Workload
 Configs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 # ---------------------------------------------------------------------------------------------
-# Constants. One set for every workload and GPU; calibrated against the TorchRec DLRM
-# reference (mlcommons/training recommendation_v2/torchrec_dlrm README, 1-8 A100 40GB).
+# Constants. One set for every workload and GPU. HOST_OVERHEAD_S and ZIPF_A are fitted to
+# the TorchRec DLRM reference (mlcommons/training recommendation_v2/torchrec_dlrm README,
+# 1-8 A100 40GB; 6 % mean error over its five runs); the rest come from public sources or
+# hardware arithmetic.
 # ---------------------------------------------------------------------------------------------
 
 #: Table classes by rows.
@@ -98,9 +100,10 @@ ACT_PASSES = 6.0
 ACT_EFF = 0.8
 #: Fraction of the dense backward pass behind which DDP's bucketed all-reduce can hide.
 DP_OVERLAP = 0.8
-#: With ``pipeline_sparse``, the share of the dense compute after the bottom MLP that the
-#: forward/backward pooled all-to-all may also hide behind (TorchRec's pipelined forward
-#: starts the next batch's embedding exchange during the current dense compute).
+#: With ``pipeline_sparse``, the input distribution (id all-to-all, split-size sync, batch
+#: copy) of the next batch runs during the current step, as in TrainPipelineSparseDist, and
+#: the pooled all-to-all may also hide behind this share of the dense compute after the
+#: bottom MLP (TorchRec's later pipelines overlap the embedding exchange with dense work).
 PIPE_A2A_OVERLAP = 0.5
 #: Host time per step that the GPU cannot hide: eager PyTorch and TorchRec Python, kernel
 #: launches and the in-process data loader. TorchRec's input distribution reads the split
@@ -542,7 +545,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     def _gate(nbytes, t):
         return np.where(nbytes > 0, t, 0.0)
 
-    nb_tw = b * dims[TW] * q  # a2a_bytes(b, dims[TW], qprec, bound)
+    nb_tw = b * dims[TW] * q  # == a2a_bytes(b, dims[TW], qprec, bound)
     nb_rw = big_b * dims[RW] * q
     nb_twrw_in = big_b * dims[TWRW] / nodes * q
     nb_twrw_x = b * dims[TWRW] * q
