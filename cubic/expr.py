@@ -515,6 +515,10 @@ class Expression:
         except (ArithmeticError, TypeError, ValueError) as exc:
             raise ExpressionError(self.source, f"{type(exc).__name__}: {exc}") from None
 
+    def __reduce__(self) -> tuple[type[Expression], tuple[str]]:
+        # The compiled closures cannot be pickled; recompiling from source is cheap.
+        return (Expression, (self.source,))
+
     def __repr__(self) -> str:
         return f"Expression({self.source!r})"
 

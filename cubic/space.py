@@ -972,8 +972,6 @@ class Space:
                 arrays[key] = arrays[key][rows]
             default = p.array([p.default])[0] if p.default is not None else grid[0]
             arrays[p.name] = np.where(active[rows], grid[within % len(grid)], default)
-            if p.array([]).dtype == object:
-                arrays[p.name] = arrays[p.name].astype(object)
             n = self._filter(arrays, self._apply_stage(i + 1, arrays, context, len(rows)))
         return self._ordered(arrays)
 
@@ -1002,8 +1000,6 @@ class Space:
             values = raw[p.name]
             if p.when is not None:
                 values = np.where(active, values, p.array([p.default])[0])
-                if values.dtype != raw[p.name].dtype and raw[p.name].dtype == object:
-                    values = values.astype(object)
             arrays[p.name] = values
         for k in range(len(self._stages)):
             keep &= self._apply_stage(k, arrays, context, n)

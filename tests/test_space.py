@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,14 @@ def test_from_dict_builds_typed_parameters(small: Space) -> None:
     assert small.names == ("a", "b", "c", "d", "e", "g")
     assert small.derived_names == ("s", "q")
     assert small.context_names == frozenset({"n"})
-    assert [p.type for p in small.parameters] == ["int", "categorical", "categorical", "bool",
-                                                  "float", "int"]
+    assert [p.type for p in small.parameters] == [
+        "int",
+        "categorical",
+        "categorical",
+        "bool",
+        "float",
+        "int",
+    ]
     assert small["c"].when is not None and small["c"].when.source == "a > 1"
     assert small.is_finite
     assert small.constraints[0].reason == "a * c must divide n"
@@ -86,6 +92,12 @@ def test_space_is_frozen_and_round_trips_through_dict(small: Space) -> None:
     assert again == small
     assert again.to_dict() == small.to_dict()
     assert hash(again) == hash(small)
+
+
+def test_space_pickles(small: Space) -> None:
+    again = pickle.loads(pickle.dumps(small))
+    assert again == small
+    assert again.size(CTX) == small.size(CTX)
 
 
 def test_from_yaml_defaults_name_to_file_stem(tmp_path: Path) -> None:
@@ -113,14 +125,23 @@ BROKEN = [
     ("tp: {type: int, low: 1, hgih: 2}", "parameter 'tp': unknown key 'hgih'"),
     ("tp: {type: int, low: 1.5, high: 2}", "parameter 'tp': low must be an integer"),
     ("tp: {type: int, low: 1, high: 10, step: 4}", "parameter 'tp': high (10) is not low"),
-    ("tp: {type: int, low: 0, high: 8, log: true}", "parameter 'tp': a log-scale range needs low > 0"),
-    ("lr: {type: float, low: 0.0, high: 1.0, log: true}", "parameter 'lr': a log-scale range needs low > 0"),
+    (
+        "tp: {type: int, low: 0, high: 8, log: true}",
+        "parameter 'tp': a log-scale range needs low > 0",
+    ),
+    (
+        "lr: {type: float, low: 0.0, high: 1.0, log: true}",
+        "parameter 'lr': a log-scale range needs low > 0",
+    ),
     ("lr: {type: float, low: abc, high: 1.0}", "parameter 'lr': low must be a number"),
     ("tp: {type: categorical, choices: []}", "parameter 'tp': choices is empty"),
     ("tp: {type: categorical, choices: [1, 2, 1]}", "parameter 'tp': choice 1 is listed twice"),
     ("tp: {type: categorical, choices: 4}", "parameter 'tp': choices must be a list"),
     ("tp: {type: categorical, choices: [[1, 2]]}", "parameter 'tp': choice [1, 2] is not a string"),
-    ("tp: {type: categorical, choices: [1, 2], default: 3}", "parameter 'tp': default 3 is not one of"),
+    (
+        "tp: {type: categorical, choices: [1, 2], default: 3}",
+        "parameter 'tp': default 3 is not one of",
+    ),
     ("tp: {type: bool, default: 1}", "parameter 'tp': default 1 has the wrong type"),
     (
         "pp: {type: int, low: 1, high: 4}\n  vp: {type: int, low: 1, high: 4, when: 'pp >'}",
@@ -225,7 +246,7 @@ def test_space_error_is_a_value_error() -> None:
 
 
 def test_every_parameter_type_checks_its_domain(small: Space) -> None:
-    good = {"a": 2, "b": "y", "c": 4, "d": True, "e": 1.0, "g": 5}
+    good = {"a": 2, "b": "y", "c": 2, "d": True, "e": 1.0, "g": 5}
     assert small.validate(good, CTX) == []
     bad_values = {
         "a": [5, 0, 2.0, True, "2"],
@@ -257,9 +278,7 @@ def test_inactive_parameter_takes_its_default(small: Space) -> None:
 
 
 def test_active_parameter_must_be_present(small: Space) -> None:
-    assert small.validate({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX) == [
-        "parameter 'c' is missing"
-    ]
+    assert small.validate({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX) == ["parameter 'c' is missing"]
     with pytest.raises(SpaceError, match="parameter 'c' is missing"):
         small.complete({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX)
 
@@ -367,14 +386,10 @@ def test_sample_returns_only_valid_configs_covering_every_choice(small: Space) -
     assert len(configs) == 2000
     for config in configs:
         assert small.validate(config, CTX) == [], config
-    for p in small.parameters:
-        seen = {c[p.name] for c in configs}
-        assert seen >= set(p.to_python(p.grid())) - _unreachable(small, p.name), p.name
-
-
-def _unreachable(space: Space, name: str) -> set[Any]:
-    enumerated = space.enumerate(CTX)
-    return set(space[name].to_python(space[name].grid())) - {c[name] for c in enumerated}
+    enumerated = small.enumerate(CTX)
+    assert 3 not in {c["a"] for c in enumerated}  # a = 3 never divides n = 8
+    for name in small.names:
+        assert {c[name] for c in configs} == {c[name] for c in enumerated}, name
 
 
 def test_sample_is_reproducible_and_roughly_uniform(small: Space) -> None:
@@ -428,7 +443,12 @@ def test_arrays_round_trip(small: Space) -> None:
 
 def test_from_arrays_returns_plain_python_values() -> None:
     space = Space.from_dict(
-        {"parameters": {"m": {"type": "categorical", "choices": [1, 2.5, 4]}, "f": {"type": "bool"}}}
+        {
+            "parameters": {
+                "m": {"type": "categorical", "choices": [1, 2.5, 4]},
+                "f": {"type": "bool"},
+            }
+        }
     )
     configs = space.from_arrays(space.enumerate_arrays({}))
     assert [type(c["m"]) for c in configs[::2]] == [int, float, int]
@@ -464,16 +484,38 @@ def test_optuna_distributions() -> None:
 # ----------------------------------------------------------------------------- shipped spaces
 
 
-LLM_NAMES = (
-    "tp pp cp vp micro_batch zero_stage recompute sequence_parallel tp_comm_overlap "
-    "overlap_grad_reduce overlap_param_gather fp8_qkv fp8_attn_out fp8_mlp_in fp8_mlp_out "
-    "fp8_lm_head"
-).split()
-DLRM_NAMES = (
-    "sharding_large sharding_medium sharding_small placement_large cache_load_factor "
-    "a2a_precision lossy_error_bound batch_per_gpu fp8_bottom_mlp fp8_top_mlp fp8_interaction "
-    "pipeline_sparse"
-).split()
+LLM_NAMES = [
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "micro_batch",
+    "zero_stage",
+    "recompute",
+    "sequence_parallel",
+    "tp_comm_overlap",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "fp8_qkv",
+    "fp8_attn_out",
+    "fp8_mlp_in",
+    "fp8_mlp_out",
+    "fp8_lm_head",
+]
+DLRM_NAMES = [
+    "sharding_large",
+    "sharding_medium",
+    "sharding_small",
+    "placement_large",
+    "cache_load_factor",
+    "a2a_precision",
+    "lossy_error_bound",
+    "batch_per_gpu",
+    "fp8_bottom_mlp",
+    "fp8_top_mlp",
+    "fp8_interaction",
+    "pipeline_sparse",
+]
 
 
 @pytest.mark.parametrize(
@@ -526,7 +568,7 @@ def test_llm_space_encodes_megatron_rules() -> None:
         "tp and the number of KV heads must divide one another": {"kv_heads": 12, "heads": 96},
         "tensor parallelism must stay within one node": {"gpus_per_node": 4},
         "context parallelism splits the sequence": {"seq_len": 8190},
-        "micro_batch * dp must divide the global batch": {"global_batch": 1000},
+        "micro_batch * dp must divide the global batch": {"global_batch": 1020, "micro_batch": 8},
         "the interleaved schedule (vp > 1) needs": {"global_batch": 2, "micro_batch": 2},
         "ZeRO-2/3": {"zero_stage": 3},
     }
@@ -546,15 +588,19 @@ def test_dlrm_space_conditions_and_choices() -> None:
     assert "data_parallel" not in space["sharding_large"].choices
     assert "data_parallel" in space["sharding_small"].choices
     assert space["batch_per_gpu"].choices == (512, 1024, 2048, 4096, 8192, 16384)
-    configs = space.enumerate(DLRM_CONTEXT)
-    cached = [c for c in configs if c["placement_large"] == "cached"]
-    assert {c["cache_load_factor"] for c in cached} == {0.05, 0.1, 0.2, 0.4}
-    assert {c["cache_load_factor"] for c in configs if c not in cached} == {1.0}
-    assert {c["lossy_error_bound"] for c in configs if c["a2a_precision"] != "lossy"} == {0.0}
-    assert all(c["global_batch"] == 64 * c["batch_per_gpu"] for c in configs[:1000])
-    single_node = {"num_gpus": 8, "gpus_per_node": 8}
-    assert space.size(single_node) < len(configs)
-    assert not any("table_row_wise" in c.values() for c in space.enumerate(single_node))
+    arrays = space.enumerate_arrays(DLRM_CONTEXT)
+    cached = arrays["placement_large"] == "cached"
+    assert set(arrays["cache_load_factor"][cached].tolist()) == {0.05, 0.1, 0.2, 0.4}
+    assert set(arrays["cache_load_factor"][~cached].tolist()) == {1.0}
+    lossy = arrays["a2a_precision"] == "lossy"
+    assert set(arrays["lossy_error_bound"][lossy].tolist()) == {0.001, 0.01, 0.05}
+    assert set(arrays["lossy_error_bound"][~lossy].tolist()) == {0.0}
+    assert np.array_equal(arrays["global_batch"], 64 * arrays["batch_per_gpu"])
+    single_node = space.enumerate_arrays({"num_gpus": 8, "gpus_per_node": 8})
+    assert 0 < len(single_node["pipeline_sparse"]) < len(arrays["pipeline_sparse"])
+    for name in ("sharding_large", "sharding_medium", "sharding_small"):
+        assert "table_row_wise" in arrays[name]
+        assert "table_row_wise" not in single_node[name]
 
 
 def test_vectorised_sampling_and_enumeration_are_fast() -> None:
@@ -567,9 +613,12 @@ def test_vectorised_sampling_and_enumeration_are_fast() -> None:
     arrays = space.enumerate_arrays(LLM_CONTEXT)
     assert len(arrays["tp"]) == space.size(LLM_CONTEXT)
     assert time.perf_counter() - start < 5.0
-    # Every enumerated point is distinct.
-    stacked = np.rec.fromarrays([arrays[n] for n in space.names])
-    assert len(np.unique(stacked)) == len(stacked)
+    # Every enumerated point is distinct: encode each row as one integer.
+    key = np.zeros(len(arrays["tp"]), dtype=np.int64)
+    for name in space.names:
+        _, codes = np.unique(arrays[name], return_inverse=True)
+        key = key * 8 + codes
+    assert len(np.unique(key)) == len(key)
 
 
 def test_llm_size_matches_a_brute_force_count_of_the_parallel_layout() -> None:
@@ -604,11 +653,3 @@ def test_validate_file_checks_the_context(tmp_path: Path) -> None:
     assert validate_file(path).names == ("r",)  # without a context only the file is checked
     with pytest.raises(SpaceError, match="constraint 1"):
         validate_file(path, {"n": 1})
-
-
-def test_math_sanity_of_sizes() -> None:
-    assert Space.from_yaml(DLRM_FILE).size(DLRM_CONTEXT) == 4 * 5 * 5 * 6 * 7 * 6 * 2**4
-    assert math.isclose(
-        Space.from_yaml(LLM_FILE).size(LLM_CONTEXT) / Space.from_yaml(LLM_FILE).size(LLM_CONTEXT),
-        1.0,
-    )
