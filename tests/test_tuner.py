@@ -85,8 +85,10 @@ def test_finds_a_good_config_and_never_repeats_one(tuner: Tuner) -> None:
     assert best is not None and best.value >= 1000 - 30 - 12  # within one step of (4, 7)
 
 
-@pytest.mark.parametrize("strategy", ["random", "qmc", "grid", "tpe"])
+@pytest.mark.parametrize("strategy", ["random", "qmc", "grid", "tpe", "gp"])
 def test_every_strategy_proposes_valid_distinct_configs(tuner: Tuner, strategy: str) -> None:
+    if strategy == "gp":
+        pytest.importorskip("torch", reason="strategy 'gp' needs PyTorch (pip install cubic[gp])")
     spec = _spec(strategy={"name": strategy, "seed": 3}, budget={"max_trials": 12,
                                                                  "max_parallel": 12})
     sid = tuner.create_study(spec).id
