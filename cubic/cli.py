@@ -249,9 +249,9 @@ def sim_validate(
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate every published run in a calibration CSV and report the error."""
-    from cubic.sim.calibrate import default_csv, load_rows, validate
+    from cubic.sim.calibrate import load_rows, validate
 
-    res = validate(load_rows(file or default_csv()))
+    res = validate(load_rows(file))
     if json_out:
         _print_json(res)
         return

@@ -102,3 +102,34 @@ def test_demo_finds_a_faster_config_than_the_baseline(tmp_path: Path) -> None:
     assert "speed-up" in out
     speedup = float(out.split("speed-up")[1].split("x")[0])
     assert speedup >= 1.0
+
+
+def test_simulate_one_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tp: 8\npp: 4\nmicro_batch: 1\nrecompute: full\nsequence_parallel: true\n")
+    row = json.loads(cubic("simulate", "--workload", "llama3_70b", "--config", str(cfg),
+                           "--json").stdout)
+    assert row["feasible"] and row["throughput_unit"] == "tokens/s"
+    assert 0.1 < row["mfu"] < 0.7
+    assert row["step_time_s"] == pytest.approx(sum(row["breakdown_s"].values()), rel=0.05)
+    table = cubic("simulate", "--workload", "llama3_70b", "--config", str(cfg)).stdout
+    assert "MFU" in table and "peak memory" in table
+
+
+def test_sim_validate_json_reports_error_per_source(tmp_path: Path) -> None:
+    res = json.loads(cubic("sim", "validate", "--json").stdout)
+    assert set(res) >= {"rows", "by_source", "mape"}
+    assert len(res["rows"]) == 43
+    assert res["mape"] <= 12.0
+    assert all(m <= 20.0 for m in res["by_source"].values())
+    # A CSV of the user's own, in the same format, is read too.
+    src = (ROOT / "cubic" / "data" / "published_runs.csv").read_text().splitlines()
+    mine = tmp_path / "mine.csv"
+    mine.write_text("\n".join(src[:3]) + "\n")
+    res = json.loads(cubic("sim", "validate", str(mine), "--json").stdout)
+    assert [r["id"] for r in res["rows"]] == ["meg21-1.7B", "meg21-3.6B"]
+
+
+def test_sim_bench_prints_configs_per_second() -> None:
+    out = cubic("sim", "bench", "--n", "20000", "--repeat", "1").stdout
+    assert "llm" in out and "dlrm" in out and "configurations/s" in out
