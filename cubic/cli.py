@@ -33,6 +33,8 @@ err_console = Console(stderr=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="database URL (CUBIC_DATABASE_URL)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="CUBIC_URL",
+                                            help="cubic service URL (else the local database)")]
 
 
 def _url(db: str | None) -> str:
@@ -142,22 +144,30 @@ def trials(
     study_id: int,
     state: Annotated[str | None, typer.Option(help="only trials in this state")] = None,
     db: DbOpt = None,
+    url: UrlOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """List a study's trials."""
-    tuner = _tuner(db)
-    states = [state] if state else None
-    rows = tuner.store.list_trials(study_id, states=states)
+    if url:
+        from cubic.client import CubicClient
+
+        with CubicClient(url) as client:
+            rows = client.all_trials(study_id, state=state)
+            metric = client.get_study(study_id)["spec"]["objectives"][0]["metric"]
+    else:
+        tuner = _tuner(db)
+        rows = [_trial_json(t) for t in
+                tuner.store.list_trials(study_id, states=[state] if state else None)]
+        metric = tuner.resolved(study_id).spec.objectives[0].metric
     if json_out:
-        _print_json([_trial_json(t) for t in rows])
+        _print_json(rows)
         return
-    metric = tuner.resolved(study_id).spec.objectives[0].metric
     table = Table("#", "state", "source", "attempt", metric, "params")
     for t in rows:
-        v = (t.metrics or {}).get(metric)
-        table.add_row(str(t.number), str(t.state), t.source, str(t.attempt),
+        v = (t["metrics"] or {}).get(metric)
+        table.add_row(str(t["number"]), str(t["state"]), t["source"], str(t["attempt"]),
                       f"{v:,.1f}" if isinstance(v, int | float) else "",
-                      _short(t.params))
+                      _short(t["params"]))
     console.print(table)
 
 
@@ -172,29 +182,39 @@ def _trial_json(t: Any) -> dict[str, Any]:
 
 
 @app.command("best")
-def best(study_id: int, db: DbOpt = None, json_out: JsonOpt = False) -> None:
+def best(study_id: int, db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
     """The best configuration found so far, and its speed-up over the baseline."""
-    tuner = _tuner(db)
-    b = tuner.best(study_id)
-    if b is None:
-        raise CubicError(f"study {study_id} has no complete trial yet")
-    out = {"study_id": study_id, "trial": _trial_json(b.trial), "value": b.value,
-           "baseline_value": b.baseline_value, "speedup": b.speedup}
+    if url:
+        from cubic.client import CubicClient
+
+        with CubicClient(url) as client:
+            out = client.best(study_id)
+    else:
+        tuner = _tuner(db)
+        b = tuner.best(study_id)
+        if b is None:
+            raise CubicError(f"study {study_id} has no complete trial yet")
+        out = {"study_id": study_id, "metric": tuner.resolved(study_id).spec.objectives[0].metric,
+               "trial": _trial_json(b.trial), "value": b.value,
+               "baseline_value": b.baseline_value, "speedup": b.speedup}
     if json_out:
         _print_json(out)
         return
-    _print_best(tuner.resolved(study_id).spec.objectives[0].metric, b)
+    print_best(out)
 
 
-def _print_best(metric: str, b: Any) -> None:
-    table = Table("knob", "value", title=f"best config (trial {b.trial.number})")
-    for k, v in b.trial.params.items():
+def print_best(best: dict[str, Any], out: Console | None = None) -> None:
+    """Print a best-config answer (the JSON of `cubic best`) as a table."""
+    out = out or console
+    metric, trial = best["metric"], best["trial"]
+    table = Table("knob", "value", title=f"best config (trial {trial['number']})")
+    for k, v in trial["params"].items():
         table.add_row(k, str(v))
-    console.print(table)
-    console.print(f"{metric}: [bold]{b.value:,.1f}[/bold]")
-    if b.speedup is not None:
-        console.print(f"baseline {metric}: {b.baseline_value:,.1f}  ->  "
-                      f"speed-up [bold green]{b.speedup:.2f}x[/bold green]")
+    out.print(table)
+    out.print(f"{metric}: [bold]{best['value']:,.1f}[/bold]")
+    if best.get("speedup") is not None:
+        out.print(f"baseline {metric}: {best['baseline_value']:,.1f}  ->  "
+                  f"speed-up [bold green]{best['speedup']:.2f}x[/bold green]")
 
 
 # simulator ----------------------------------------------------------------------------------
@@ -300,9 +320,85 @@ def serve(
     uvicorn.run(create_app(settings), host=host, port=port)
 
 
+@app.command("submit")
+def submit(file: Path, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
+    """Submit a study file to the service (or create it in the local database)."""
+    if not url:
+        study_create(file, None, json_out)
+        return
+    from cubic.client import CubicClient
+    from cubic.study import load_spec
+
+    spec, base = load_spec(file)  # validate here: errors name the field before any upload
+    data = spec.model_copy(update=_inline_refs(spec, base)).model_dump(mode="json")
+    with CubicClient(url) as client:
+        study = client.create_study(data)
+    if json_out:
+        _print_json(study)
+    else:
+        console.print(f"submitted study {study['id']}: {study['name']} to {url}")
+
+
+def _inline_refs(spec: Any, base: Path) -> dict[str, Any]:
+    """Inline the workload and space files a spec names: the service cannot read them."""
+    resolved = spec.resolve(base)
+    return {"workload": resolved.spec.workload, "space": resolved.spec.space}
+
+
+@app.command("status")
+def status(
+    study_id: int,
+    url: UrlOpt = None,
+    follow: Annotated[bool, typer.Option(help="keep watching until the study ends")] = True,
+) -> None:
+    """A live progress display of a study, with the best value so far."""
+    if not url:
+        study_show(study_id, None, False)
+        return
+    from cubic.client import CubicClient
+    from cubic.progress import watch_study
+
+    with CubicClient(url) as client:
+        study = watch_study(client, study_id, console, timeout=None if follow else 0)
+    console.print(f"study {study_id}: {study['state']}, trials {study['progress']['counts']}")
+
+
+@app.command("worker")
+def worker(
+    study: Annotated[int, typer.Option(help="study id")],
+    url: UrlOpt = None,
+    runner: Annotated[str, typer.Option(help="where trials run")] = "simulated",
+    parallel: Annotated[int, typer.Option(min=1, help="trials in flight")] = 1,
+    worker_id: Annotated[str | None, typer.Option(help="stable id (default host-pid)")] = None,
+    lease_seconds: Annotated[float, typer.Option(min=1)] = 300.0,
+    max_trials: Annotated[int | None, typer.Option(help="stop after this many")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the simulated noise")] = 0,
+    time_scale: Annotated[float, typer.Option(help="simulated seconds per step")] = 0.0,
+) -> None:
+    """Lease trials of a study, run them through a runner, and report the results."""
+    from cubic.client import CubicClient
+    from cubic.runners import make_runner
+    from cubic.worker import Worker
+
+    if not url:
+        raise CubicError("cubic worker needs the service: pass --url or set CUBIC_URL")
+    opts: dict[str, Any] = {}
+    if runner == "simulated":
+        opts = {"seed": seed, "time_scale": time_scale, "max_workers": parallel}
+    with CubicClient(url) as client:
+        w = Worker(client, study, make_runner(runner, **opts), worker_id=worker_id,
+                   parallel=parallel, lease_seconds=lease_seconds)
+        n = w.run(max_trials=max_trials)
+    console.print(f"worker {w.worker_id}: reported {n} trials")
+
+
 # demo ---------------------------------------------------------------------------------------
 @app.command("demo")
 def demo(
+    in_process: Annotated[bool, typer.Option("--in-process",
+                                             help="run without the service: one process, "
+                                                  "worker threads")] = False,
+    port: Annotated[int, typer.Option(help="port of the demo service (0: any free)")] = 0,
     study: Annotated[Path | None, typer.Option(help="study file (default: the shipped "
                                                     "Llama-3 70B study)")] = None,
     trials: Annotated[int | None, typer.Option(help="override the trial budget")] = None,
@@ -311,10 +407,14 @@ def demo(
                                                         "SQLite file)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and the noise")] = 0,
 ) -> None:
-    """Run a whole study in-process on SQLite against the simulated cluster."""
-    from cubic.demo import run_demo
+    """Run a whole study against the simulated cluster: service, workers, live progress."""
+    from cubic.demo import run_demo, run_service_demo
 
-    run_demo(study, trials=trials, workers=workers, db=db, seed=seed, console=console)
+    if in_process:
+        run_demo(study, trials=trials, workers=workers, db=db, seed=seed, console=console)
+    else:
+        run_service_demo(study, trials=trials, workers=workers, db=db, seed=seed, port=port,
+                         console=console)
 
 
 def main() -> None:

@@ -1,11 +1,17 @@
-"""``cubic demo``: a whole study run in-process against the simulated cluster.
+"""``cubic demo``: a whole study against the simulated cluster.
 
-Several worker threads lease, run and report trials through the same tuner and SQLite file a
-real deployment would use; only the job is simulated.
+By default the real system on one machine: the API on a SQLite file in one process, simulated
+workers in others, the study submitted and watched over HTTP. ``--in-process`` runs worker
+threads against the tuner directly, with no service. Only the jobs are simulated.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -14,8 +20,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cubic.client import CubicClient
+from cubic.errors import CubicError
+from cubic.progress import watch_study
 from cubic.sim.job import run_job
 from cubic.store import Store
+from cubic.store.schema import upgrade
 from cubic.study import load_spec
 from cubic.tuner import Tuner
 
@@ -99,8 +109,84 @@ def run_demo(study_file: Path | None = None, *, trials: int | None = None, worke
     if b is None:
         console.print("[red]no trial completed[/red]")
         return 1
-    from cubic.cli import _print_best
+    from cubic.cli import print_best
 
-    _print_best(metric, b)
+    print_best({"metric": metric, "trial": {"number": b.trial.number, "params": b.trial.params},
+                "value": b.value, "baseline_value": b.baseline_value, "speedup": b.speedup},
+               console)
     console.print(f"database: {db}")
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(client: CubicClient, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CubicError(f"the demo service exited with status {proc.returncode}")
+        try:
+            client._http.get("/readyz").raise_for_status()
+            return
+        except Exception:
+            time.sleep(0.2)
+    raise CubicError("the demo service did not become ready in time")
+
+
+def run_service_demo(study_file: Path | None = None, *, trials: int | None = None,
+                     workers: int = 4, db: str | None = None, seed: int = 0, port: int = 0,
+                     console: Console | None = None) -> int:
+    """The whole system on one machine: the API on SQLite, simulated workers, a study."""
+    console = console or Console()
+    spec, base = load_spec(study_file or DEFAULT_STUDY)
+    updates: dict = {"strategy": spec.strategy.model_copy(update={"seed": seed})}
+    if trials is not None:
+        updates["budget"] = spec.budget.model_copy(update={"max_trials": trials})
+    resolved = spec.model_copy(update=updates).resolve(base)
+    if db is None:
+        db = f"sqlite:///{tempfile.mkdtemp(prefix='cubic-demo-')}/cubic.db"
+    upgrade(db)
+    port = port or _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cli = [sys.executable, "-m", "cubic.cli"]
+    env = {**os.environ, "CUBIC_DATABASE_URL": db, "CUBIC_URL": url}
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen([*cli, "serve", "--port", str(port)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        with CubicClient(url) as client:
+            _wait_ready(client, procs[0])
+            study = client.create_study(resolved.spec.model_dump(mode="json"))
+            wl = resolved.workload
+            console.print(f"[bold]cubic demo[/bold]: service at {url} (SQLite: {db})")
+            console.print(f"study {study['id']} '{study['name']}': {wl.name} on "
+                          f"{wl.cluster.num_gpus}x {wl.cluster.gpu}, strategy "
+                          f"{resolved.spec.strategy.name}, "
+                          f"{resolved.spec.budget.max_trials} trials, {workers} workers")
+            for i in range(workers):
+                procs.append(subprocess.Popen(
+                    [*cli, "worker", "--study", str(study["id"]), "--runner", "simulated",
+                     "--worker-id", f"demo-worker-{i}", "--seed", str(seed)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            final = watch_study(client, study["id"], console)
+            counts = final["progress"]["counts"]
+            console.print("trials by state: "
+                          + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+            from cubic.cli import print_best
+
+            print_best(client.best(study["id"]), console)
+        console.print(f"API docs: {url}/docs   (the service stops when the demo ends)")
+        return 0
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()

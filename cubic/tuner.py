@@ -8,7 +8,7 @@ job reports.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,23 @@ from typing import Any
 from cubic.errors import Conflict, InvalidInput
 from cubic.objectives import better, objective_values, violations
 from cubic.outcome import Outcome
+from cubic.space import SpaceError
 from cubic.store import Store
 from cubic.store.objects import Study, StudyState, Trial, TrialState
 from cubic.strategies import config_key, make_strategy
 from cubic.study import ResolvedStudy, StudySpec
 
 DEFAULT_LEASE_S = 300.0
+
+STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
+    StudyState.PAUSED: frozenset({StudyState.RUNNING}),
+    StudyState.RUNNING: frozenset({StudyState.PAUSED}),
+    StudyState.STOPPED: frozenset({StudyState.RUNNING, StudyState.PAUSED}),
+    StudyState.ARCHIVED: frozenset(set(StudyState) - {StudyState.ARCHIVED}),
+}
+"""For each state a study can be asked to take, the states it may come from (archived is
+final; only a paused study resumes)."""
+_IMPORT_STATES = ("complete", "infeasible", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +91,62 @@ class Tuner:
     def enqueue(self, study_id: int, configs: list[dict[str, Any]]) -> list[Trial]:
         """Add user-given configs (today's production config, say), validated against the space."""
         r = self.resolved(study_id)
-        done = []
-        for i, cfg in enumerate(configs):
+        done = [self._checked_config(r, cfg, f"configs.{i}") for i, cfg in enumerate(configs)]
+        return self.store.add_trials(study_id, done, source="enqueued")
+
+    @staticmethod
+    def _checked_config(r: ResolvedStudy, cfg: dict[str, Any], field: str) -> dict[str, Any]:
+        """``cfg`` completed (inactive knobs at their default, derived values) and validated.
+
+        Keys that are not parameters of the space are dropped, so a config copied from a
+        launcher with extra fields still fits.
+        """
+        if not isinstance(cfg, dict):
+            raise InvalidInput(f"{field}: a config must be a mapping", field=field)
+        try:
             params = r.space.complete({k: v for k, v in cfg.items() if k in r.space.names},
                                       r.context)
-            problems = r.space.validate(params, r.context)
-            if problems:
-                raise InvalidInput(f"configs[{i}]: {'; '.join(problems)}", field=f"configs.{i}")
-            done.append(params)
-        return self.store.add_trials(study_id, done, source="enqueued")
+        except SpaceError as exc:
+            raise InvalidInput(f"{field}: {exc}", field=field) from exc
+        problems = r.space.validate(params, r.context)
+        if problems:
+            raise InvalidInput(f"{field}: {'; '.join(problems)}", field=field)
+        return params
+
+    def import_history(self, study_id: int,
+                       records: Sequence[tuple[dict[str, Any], str, dict[str, Any] | None]]
+                       ) -> list[Trial]:
+        """Add past runs (an earlier campaign, hand-run benchmarks) as finished trials.
+
+        Each record is ``(params, state, metrics)`` with state ``complete``, ``infeasible`` or
+        ``failed``. Configs are checked against the space like enqueued ones, and a complete
+        run must carry the objective metric(s). A complete run that breaks the study's
+        constraints is stored as ``infeasible`` with its metrics, so that, as with a reported
+        trial, it informs the search but never counts as the best. Imported runs cost no GPU
+        time now, so they do not use the study's budget. All or nothing: one bad record
+        rejects the import.
+        """
+        study = self.store.get_study(study_id)
+        if study.state == StudyState.ARCHIVED:
+            raise Conflict(f"study {study_id} is archived; no trials can be added")
+        r = self.resolved(study_id)
+        prepared: list[tuple[dict[str, Any], str, dict[str, Any] | None]] = []
+        for i, (cfg, state, metrics) in enumerate(records):
+            field = f"trials.{i}"
+            if state not in _IMPORT_STATES:
+                raise InvalidInput(f"{field}.state: expected one of {list(_IMPORT_STATES)}, "
+                                   f"got {state!r}", field=f"{field}.state")
+            params = self._checked_config(r, cfg, f"{field}.params")
+            if state == "complete":
+                if objective_values(r.spec, metrics or {}) is None:
+                    missing = [o.metric for o in r.spec.objectives
+                               if o.metric not in (metrics or {})]
+                    raise InvalidInput(f"{field}.metrics: missing objective metric(s) "
+                                       f"{missing}", field=f"{field}.metrics")
+                if violations(r.spec, r.workload, metrics or {}, params):
+                    state = "infeasible"
+            prepared.append((params, state, metrics or None))
+        return self.store.add_finished_trials(study_id, prepared, source="imported")
 
     # the trial loop ---------------------------------------------------------------------
     def ask(self, study_id: int, worker_id: str, n: int = 1,
@@ -126,10 +184,12 @@ class Tuner:
         """How many new trials the budget allows now (retries do not count as new)."""
         spec = self.resolved(study_id).spec
         b = spec.budget
-        proposed = sum(1 for t in history if t.attempt == 1)
+        # Imported past runs inform the search but cost nothing now: they use no budget.
+        spent = [t for t in history if t.source != "imported"]
+        proposed = sum(1 for t in spent if t.attempt == 1)
         active = sum(1 for t in history if t.state in (TrialState.WAITING, TrialState.RUNNING))
         if b.max_gpu_hours is not None:
-            used = sum(float((t.metrics or {}).get("gpu_hours", 0.0)) for t in history)
+            used = sum(float((t.metrics or {}).get("gpu_hours", 0.0)) for t in spent)
             if used >= b.max_gpu_hours:
                 return 0
         waiting = sum(1 for t in history if t.state == TrialState.WAITING)
@@ -183,6 +243,37 @@ class Tuner:
         if self._room(study_id, history, 1) == 0:
             with contextlib.suppress(Conflict):  # another process finished it first
                 self.store.set_study_state(study_id, StudyState.COMPLETED)
+
+    # study states ----------------------------------------------------------------------------
+    def set_state(self, study_id: int, target: StudyState | str) -> Study:
+        """Pause, resume, stop or archive a study, by the rules in :data:`STUDY_TRANSITIONS`.
+
+        Asking for the state the study is already in changes nothing, so a client can repeat
+        the request after a lost answer. A transition the rules forbid (resuming a stopped
+        study, anything but archiving an archived one...) raises :class:`Conflict`.
+        ``completed`` is reached only by running out of budget, never on request.
+        """
+        try:
+            target = StudyState(target)
+        except ValueError:
+            raise InvalidInput(f"unknown study state {target!r}", field="state") from None
+        if target not in STUDY_TRANSITIONS:
+            raise InvalidInput(f"a study cannot be set to {target}", field="state")
+        # Serialised with proposals: a pause never lands in the middle of a batch.
+        with self.store.study_lock(study_id):
+            study = self.store.get_study(study_id)
+            if study.state == target:
+                return study
+            if study.state not in STUDY_TRANSITIONS[target]:
+                allowed = ", ".join(sorted(STUDY_TRANSITIONS[target]))
+                raise Conflict(f"study {study_id} is {study.state} and cannot become "
+                               f"{target} (only from: {allowed})")
+            study = self.store.set_study_state(study_id, target)
+        if target == StudyState.RUNNING:
+            # Its last trials may have finished while it was paused: it may be done already.
+            self._maybe_complete(study_id)
+            study = self.store.get_study(study_id)
+        return study
 
     # results ------------------------------------------------------------------------------
     def progress(self, study_id: int) -> dict[str, Any]:

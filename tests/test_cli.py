@@ -96,7 +96,7 @@ def test_bad_study_spec_names_the_field(tmp_path: Path) -> None:
 
 
 def test_demo_finds_a_faster_config_than_the_baseline(tmp_path: Path) -> None:
-    out = cubic("demo", "--trials", "16", "--workers", "2", "--db",
+    out = cubic("demo", "--in-process", "--trials", "16", "--workers", "2", "--db",
                 f"sqlite:///{tmp_path / 'd.db'}").stdout
     assert "best config" in out
     assert "speed-up" in out

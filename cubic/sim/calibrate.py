@@ -26,8 +26,9 @@ from cubic.workload import LLM, Cluster, Training, Workload
 #: Framework defaults of each source for settings a row leaves empty or does not list,
 #: matched by a substring of the row's ``source``; the first match wins.
 #: - Megatron-LM 2021 (SC21) and Korthikanti et al. 2022: plain DDP (no distributed
-#:   optimizer: their memory figures count 18 bytes per parameter on every rank), fp32 main
-#:   gradients, no flash attention (it did not exist yet), no communication overlap.
+#:   optimizer), no flash attention (it did not exist yet), no communication overlap.
+#:   FP16 gradients are reduced in FP16 (Megatron-LM's default for FP16), except that
+#:   Korthikanti et al. count fp32 main gradients (18 bytes per parameter on every rank).
 #: - Megatron-Core (2024 README): distributed optimizer, fp32 gradient reduction (Megatron's
 #:   default for BF16), flash attention, DP/TP overlap on as the README states.
 #: - NeMo 24.07: Megatron-Core's distributed optimizer with ``grad_sync_dtype: bf16``,
@@ -39,7 +40,7 @@ SOURCE_DEFAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
         "sequence_parallel": True, "recompute": "none",
     }),
     ("Megatron-LM README 2021", {
-        "zero_stage": 0, "flash_attention": False, "fp32_grads": True,
+        "zero_stage": 0, "flash_attention": False,
         "sequence_parallel": False, "recompute": "full",
     }),
     ("Korthikanti", {

@@ -66,6 +66,9 @@ FLASH_BWD = 2.5
 ELEM_BW_EFF = 0.70
 #: Fixed gaps per layer per micro-batch (forward + backward): kernel launches, syncs.
 LAYER_OVERHEAD_S = 30e-6
+#: Fixed work per optimizer step besides the update itself: data loading, loss and
+#: grad-norm reductions, host synchronisation, logging (published throughputs are end to end).
+STEP_OVERHEAD_S = 0.05
 #: With ``tp_comm_overlap`` (userbuffers GEMM/communication overlap), the fraction of the
 #: tensor-parallel traffic hidden behind GEMMs.
 TP_OVERLAP = 0.80
@@ -142,7 +145,8 @@ DEFAULTS: dict[str, Any] = {
     "tp_comm_overlap": False,
     # Not in the search spaces by default; the calibration sets them per source.
     "flash_attention": True,
-    "fp32_grads": True,
+    # None: fp32 main gradients for BF16 (Megatron-LM forces them), 16-bit ones for FP16.
+    "fp32_grads": None,
 }
 
 RECOMPUTE = ("none", "selective", "full")
@@ -325,7 +329,10 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     rc = _recompute_code(arr["recompute"])
     sp = _bool(arr["sequence_parallel"])
     flash = _bool(arr["flash_attention"])
-    fp32_grads = _bool(arr["fp32_grads"])
+    grads_default = workload.training.precision != "fp16"
+    fp32_grads = (_bool(np.where(np.equal(arr["fp32_grads"], None), grads_default,
+                                 arr["fp32_grads"]))
+                  if "fp32_grads" in arr else np.full(n, grads_default))
     ovl_g = _bool(arr["overlap_grad_reduce"])
     ovl_p = _bool(arr["overlap_param_gather"])
     tpo = _bool(arr["tp_comm_overlap"])
@@ -553,7 +560,7 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     shard = np.where(z >= 1, n_dp, 1.0)
     eshard = np.where(z >= 1, n_edp, 1.0)
     opt_params = p_dense / shard + exp_body / eshard
-    t_opt = opt_params * OPT_STEP_BYTES.get(opt, 34.0) / hbm
+    t_opt = opt_params * OPT_STEP_BYTES.get(opt, 34.0) / hbm + STEP_OVERHEAD_S
 
     # --- step -------------------------------------------------------------------------------
     bubble = (p - 1.0) / v * mb_avg

@@ -1,0 +1,168 @@
+"""The Python SDK over cubic's REST API.
+
+Plain ints and dicts in, plain dicts out. Calls that are safe to repeat (reads, lease,
+heartbeat, report, release: the service makes them idempotent per worker or lease token) are
+retried with exponential backoff on connection errors and 5xx answers; calls that create
+something (a study, enqueued configs, an import) are retried only when the request never
+reached the server. Error answers become cubic's own exceptions, with the server's message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from cubic.errors import Conflict, CubicError, InvalidInput, LeaseLost, NotFound, StorageError
+
+_RETRY_STATUS = {500, 502, 503, 504}
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {"detail": resp.text}
+    detail = body.get("detail", body)
+    if not isinstance(detail, str):
+        detail = str(detail)
+    kind = body.get("type", "")
+    if resp.status_code == 404:
+        raise NotFound(detail)
+    if resp.status_code == 409:
+        raise (LeaseLost if kind == "LeaseLost" else Conflict)(detail)
+    if resp.status_code in (400, 422):
+        raise InvalidInput(detail, field=body.get("field"))
+    if resp.status_code >= 500:
+        raise StorageError(f"server error {resp.status_code}: {detail}")
+    raise CubicError(f"HTTP {resp.status_code}: {detail}")
+
+
+class CubicClient:
+    """A client of one cubic service. Thread-safe (httpx.Client is)."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 5,
+                 backoff: float = 0.2, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CubicClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # transport --------------------------------------------------------------------------
+    def _call(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                resp = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if attempt >= self.retries or not (idempotent or never_sent):
+                    raise StorageError(f"cannot reach cubic at {self.url}: {exc}") from exc
+            else:
+                if resp.status_code not in _RETRY_STATUS or not idempotent \
+                        or attempt >= self.retries:
+                    _raise_for(resp)
+                    return resp.json() if resp.content else None
+            time.sleep(self.backoff * (2**attempt))
+            attempt += 1
+
+    def _get(self, path: str, **params: Any) -> Any:
+        params = {k: v for k, v in params.items() if v is not None}
+        return self._call("GET", path, idempotent=True, params=params)
+
+    # studies ----------------------------------------------------------------------------
+    def create_study(self, spec: dict[str, Any] | str) -> dict[str, Any]:
+        """Submit a study spec: a dict, or the text of a YAML file."""
+        if isinstance(spec, str):
+            return self._call("POST", "/v1/studies", idempotent=False, content=spec,
+                              headers={"Content-Type": "application/yaml"})
+        return self._call("POST", "/v1/studies", idempotent=False, json=spec)
+
+    def list_studies(self, state: str | None = None, kind: str | None = None,
+                     limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        return self._get("/v1/studies", state=state, kind=kind, limit=limit, offset=offset)
+
+    def get_study(self, study_id: int) -> dict[str, Any]:
+        return self._get(f"/v1/studies/{study_id}")
+
+    def _action(self, study_id: int, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/studies/{study_id}:{action}", idempotent=True)
+
+    def pause(self, study_id: int) -> dict[str, Any]:
+        return self._action(study_id, "pause")
+
+    def resume(self, study_id: int) -> dict[str, Any]:
+        return self._action(study_id, "resume")
+
+    def stop(self, study_id: int) -> dict[str, Any]:
+        return self._action(study_id, "stop")
+
+    def archive(self, study_id: int) -> dict[str, Any]:
+        return self._action(study_id, "archive")
+
+    def best(self, study_id: int) -> dict[str, Any]:
+        return self._get(f"/v1/studies/{study_id}/best")
+
+    # trials -----------------------------------------------------------------------------
+    def trials(self, study_id: int, state: str | None = None, limit: int = 500,
+               offset: int = 0) -> dict[str, Any]:
+        return self._get(f"/v1/studies/{study_id}/trials", state=state, limit=limit,
+                         offset=offset)
+
+    def all_trials(self, study_id: int, state: str | None = None) -> list[dict[str, Any]]:
+        """Every trial of a study, following the pages."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.trials(study_id, state=state, offset=len(out))
+            out.extend(page["items"])
+            if not page["items"] or len(out) >= page["total"]:
+                return out
+
+    def trial(self, trial_id: int) -> dict[str, Any]:
+        return self._get(f"/v1/trials/{trial_id}")
+
+    def lease(self, study_id: int, worker_id: str, count: int = 1,
+              lease_seconds: float = 300.0) -> list[dict[str, Any]]:
+        body = {"worker_id": worker_id, "count": count, "lease_seconds": lease_seconds}
+        resp = self._call("POST", f"/v1/studies/{study_id}/trials:lease", idempotent=True,
+                          json=body)
+        return resp["trials"]
+
+    def heartbeat(self, trial_id: int, lease_token: str,
+                  lease_seconds: float = 300.0) -> dict[str, Any]:
+        return self._call("POST", f"/v1/trials/{trial_id}:heartbeat", idempotent=True,
+                          json={"lease_token": lease_token, "lease_seconds": lease_seconds})
+
+    def report(self, trial_id: int, lease_token: str, state: str,
+               metrics: dict[str, Any] | None = None, error: str | None = None,
+               log_tail: str | None = None) -> dict[str, Any]:
+        body = {"lease_token": lease_token, "state": state, "metrics": metrics or {},
+                "error": error, "log_tail": log_tail}
+        return self._call("POST", f"/v1/trials/{trial_id}:report", idempotent=True, json=body)
+
+    def release(self, trial_id: int, lease_token: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/trials/{trial_id}:release", idempotent=True,
+                          json={"lease_token": lease_token})
+
+    def enqueue(self, study_id: int, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self._call("POST", f"/v1/studies/{study_id}/trials:enqueue", idempotent=False,
+                          json={"configs": configs})
+
+    def import_history(self, study_id: int, trials: list[dict[str, Any]]) -> Any:
+        return self._call("POST", f"/v1/studies/{study_id}/trials:import", idempotent=False,
+                          json={"trials": trials})
+
+    def healthz(self) -> dict[str, Any]:
+        return self._get("/healthz")

@@ -1,0 +1,47 @@
+"""The runner interface: where a trial's job runs.
+
+Lifecycle: the worker calls ``submit(job)`` once per leased trial and gets a handle, then
+``poll(handle)`` until it returns an :class:`~cubic.outcome.Outcome`, and ``cancel(handle)``
+when the job must stop (shutdown, timeout). A runner turns the config into what the job
+reads and the job's exit into an outcome (out of memory -> ``infeasible``; lost node or
+timeout -> ``failed``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cubic.outcome import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class TrialJob:
+    """What a runner needs to start one trial's job."""
+
+    trial_id: int
+    study_id: int
+    number: int
+    attempt: int
+    params: dict[str, Any]
+    workload: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 3600.0
+
+
+class Runner(ABC):
+    """Starts, watches and stops jobs. One instance serves one worker."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def submit(self, job: TrialJob) -> Any:
+        """Start the job; return a handle for ``poll`` and ``cancel``."""
+
+    @abstractmethod
+    def poll(self, handle: Any) -> Outcome | None:
+        """The outcome once the job has ended, else None."""
+
+    @abstractmethod
+    def cancel(self, handle: Any) -> None:
+        """Stop the job (idempotent)."""

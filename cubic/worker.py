@@ -1,0 +1,173 @@
+"""The pull loop every runner uses: lease, run, heartbeat, report.
+
+A worker keeps up to ``parallel`` trials of one study in flight. It leases only what it has
+room for (leasing is idempotent, so after a restart it gets its own running trials back),
+extends every lease from a background thread, and reports each outcome once. On SIGTERM or
+SIGINT it stops leasing, lets running jobs finish within a grace period, and cancels and
+releases the rest so that another worker picks them up at once instead of after the lease
+expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cubic.client import CubicClient
+from cubic.errors import Conflict, CubicError
+from cubic.outcome import Outcome
+from cubic.runners.base import Runner, TrialJob
+
+log = logging.getLogger("cubic.worker")
+
+FINAL_STUDY_STATES = {"completed", "stopped", "archived"}
+
+
+@dataclass(slots=True)
+class _Active:
+    lease: dict[str, Any]
+    handle: Any
+
+
+class Worker:
+    """Runs trials of one study through a runner until the study has nothing left."""
+
+    def __init__(self, client: CubicClient, study_id: int, runner: Runner, *,
+                 worker_id: str | None = None, parallel: int = 1,
+                 lease_seconds: float = 300.0, poll_s: float = 0.05, idle_s: float = 0.5,
+                 grace_s: float = 30.0,
+                 on_report: Callable[[dict[str, Any], Outcome], None] | None = None) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
+        self.client = client
+        self.study_id = study_id
+        self.runner = runner
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.parallel = parallel
+        self.lease_seconds = lease_seconds
+        self.poll_s = poll_s
+        self.idle_s = idle_s
+        self.grace_s = grace_s
+        self.on_report = on_report
+        self.stopping = threading.Event()
+        self._active: dict[int, _Active] = {}
+        self._lock = threading.Lock()
+        self.reported = 0
+
+    def stop(self) -> None:
+        """Ask the loop to wind down (what SIGTERM does)."""
+        self.stopping.set()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def run(self, max_trials: int | None = None) -> int:
+        """Work until the study is finished, ``max_trials`` are reported, or a stop."""
+        self._install_signals()
+        study = self.client.get_study(self.study_id)
+        spec = study["spec"]
+        workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))
+        beat = threading.Thread(target=self._heartbeats, daemon=True, name="cubic-heartbeat")
+        beat.start()
+        try:
+            while not self.stopping.is_set():
+                if max_trials is not None and self.reported >= max_trials:
+                    break
+                leased = self._lease_more(workload, timeout, max_trials)
+                finished = self._collect()
+                if not self._active and not leased and not finished:
+                    state = self.client.get_study(self.study_id)["state"]
+                    if state in FINAL_STUDY_STATES:
+                        break
+                    self.stopping.wait(self.idle_s)
+                elif not finished:
+                    self.stopping.wait(self.poll_s)
+        finally:
+            self._shutdown()
+            self.stopping.set()
+            beat.join(timeout=5)
+        return self.reported
+
+    def _lease_more(self, workload: dict[str, Any], timeout: float,
+                    max_trials: int | None) -> int:
+        room = self.parallel - len(self._active)
+        if max_trials is not None:
+            room = min(room, max_trials - self.reported - len(self._active))
+        if room <= 0:
+            return 0
+        new = 0
+        for t in self.client.lease(self.study_id, self.worker_id, len(self._active) + room,
+                                   self.lease_seconds):
+            if t["id"] in self._active:
+                continue  # our own running trial, handed back by the idempotent lease
+            job = TrialJob(trial_id=t["id"], study_id=self.study_id, number=t["number"],
+                           attempt=t["attempt"], params=t["params"], workload=workload,
+                           timeout_s=timeout)
+            with self._lock:
+                self._active[t["id"]] = _Active(t, self.runner.submit(job))
+            new += 1
+        return new
+
+    def _collect(self) -> int:
+        done = 0
+        for tid, a in list(self._active.items()):
+            outcome = self.runner.poll(a.handle)
+            if outcome is None:
+                continue
+            self._report(a.lease, outcome)
+            with self._lock:
+                self._active.pop(tid, None)
+            done += 1
+        return done
+
+    def _report(self, lease: dict[str, Any], outcome: Outcome) -> None:
+        try:
+            self.client.report(lease["id"], lease["lease_token"], outcome.state,
+                               metrics=outcome.metrics, error=outcome.error,
+                               log_tail=outcome.log_tail)
+        except Conflict as exc:
+            log.warning("trial %s: report refused (%s); the lease was lost", lease["id"], exc)
+            return
+        self.reported += 1
+        if self.on_report is not None:
+            self.on_report(lease, outcome)
+
+    def _heartbeats(self) -> None:
+        period = max(0.05, self.lease_seconds / 3.0)
+        while not self.stopping.wait(period):
+            with self._lock:
+                active = list(self._active.items())
+            for tid, a in active:
+                try:
+                    self.client.heartbeat(tid, a.lease["lease_token"], self.lease_seconds)
+                except Conflict:
+                    log.warning("trial %s: lease lost; cancelling its job", tid)
+                    self.runner.cancel(a.handle)
+                    with self._lock:
+                        self._active.pop(tid, None)
+                except CubicError as exc:  # the service is briefly unreachable: retry later
+                    log.warning("trial %s: heartbeat failed: %s", tid, exc)
+
+    def _shutdown(self) -> None:
+        """Let running jobs finish within the grace period, then cancel and release."""
+        deadline = time.monotonic() + self.grace_s
+        while self._active and time.monotonic() < deadline:
+            if not self._collect():
+                time.sleep(self.poll_s)
+        for tid, a in list(self._active.items()):
+            self.runner.cancel(a.handle)
+            try:
+                self.client.release(tid, a.lease["lease_token"])
+            except CubicError as exc:
+                log.warning("trial %s: release failed: %s", tid, exc)
+            self._active.pop(tid, None)
