@@ -27,6 +27,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(spaces_app, name="spaces")
 app.add_typer(study_app, name="study")
 app.add_typer(sim_app, name="sim")
+bench_app = typer.Typer(help="Benchmarks: search efficiency (default) and the service.")
+app.add_typer(bench_app, name="bench")
 
 console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
@@ -390,6 +392,49 @@ def worker(
                    parallel=parallel, lease_seconds=lease_seconds)
         n = w.run(max_trials=max_trials)
     console.print(f"worker {w.worker_id}: reported {n} trials")
+
+
+@bench_app.command("service")
+def bench_service_cmd(
+    pg: Annotated[str | None, typer.Option(envvar="CUBIC_BENCH_DATABASE_URL",
+                                           help="PostgreSQL URL (a fresh schema is used)")]
+    = None,
+    trials: Annotated[int, typer.Option(min=1)] = 500,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 64,
+    api_workers: Annotated[int, typer.Option(min=1, help="uvicorn processes")] = 4,
+    strategy: str = "random",
+    reference: Annotated[bool, typer.Option(help="also run Optuna RDBStorage")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")]
+    = None,
+) -> None:
+    """Lease/report latency and trials/s of many workers against several API processes."""
+    import os
+
+    from cubic.bench.service import bench_service
+
+    pg = pg or os.environ.get("CUBIC_TEST_DATABASE_URL") or os.environ.get("CUBIC_DATABASE_URL")
+    if not pg or not pg.startswith("postgresql"):
+        raise CubicError("cubic bench service needs PostgreSQL: pass --pg postgresql+psycopg://...")
+    res = bench_service(pg, trials=trials, workers=workers, api_workers=api_workers,
+                        strategy=strategy, reference=reference)
+    table = Table("system", "trials", "trials/s", "lease p50 ms", "lease p99 ms",
+                  "report p50 ms", "report p99 ms",
+                  title=f"{workers} workers, {trials} trials, PostgreSQL")
+    for key in ("cubic", "optuna"):
+        if key in res:
+            r = res[key]
+            table.add_row(r["system"], str(r["trials"]), f"{r['trials_per_s']:.1f}",
+                          f"{r['lease_p50_ms']:.1f}", f"{r['lease_p99_ms']:.1f}",
+                          f"{r['report_p50_ms']:.1f}", f"{r['report_p99_ms']:.1f}")
+    console.print(table)
+    inv = res["invariants"]
+    console.print(f"invariants: {inv['trials']} trials, study {inv['study_state']}, "
+                  f"lost reports {len(inv['lost_reports'])}, leased more than once per "
+                  f"attempt {len(inv['trials_leased_not_once'])}, unfinished "
+                  f"{len(inv['unfinished'])}")
+    console.print("(Optuna's column: ask and tell latency in place of lease and report)")
+    if json_out:
+        json_out.write_text(json.dumps(res, indent=2))
 
 
 # demo ---------------------------------------------------------------------------------------

@@ -242,6 +242,38 @@ def activation_bytes_per_layer(
     return tokens * np.where(rc == 2, full, per_token)
 
 
+def layer_flops(model: LLM, tokens, tp=1, flash_attention=True) -> dict[str, np.ndarray]:
+    """Forward FLOPs of one transformer layer on one GPU, by GEMM site.
+
+    ``tokens`` are the micro-batch's tokens on this GPU (``micro_batch * seq_len / cp``).
+    QKV projects ``h`` to ``h + 2 kv`` (grouped-query K/V heads split by TP, or replicated
+    when TP exceeds them); attention scores and values cost ``2 tokens seq h`` each, halved
+    for the causal mask where flash attention skips masked blocks (Megatron's unfused softmax
+    computes the full square); the MLP has ``mlp_mats`` matrices of ``h x ffn`` per active
+    expert. Backward costs twice these (Narayanan et al. SC21, eq. 3): for a GPT,
+    ``3 (24 t h^2 + 4 t s h)`` per layer.
+    """
+    T = np.asarray(tokens, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    h, f, s = float(model.hidden), float(model.ffn), float(model.seq_len)
+    kvd_t = np.maximum(model.kv_heads, t) * model.head_dim / t
+    k = float(model.top_k if model.experts > 1 else 1)
+    causal = np.where(np.asarray(flash_attention, dtype=bool), 0.5, 1.0)
+    return {
+        "qkv": 2.0 * T * h * (h / t + 2.0 * kvd_t),
+        "attn": 4.0 * T * s * h * causal / t,
+        "attn_out": 2.0 * T * h * h / t,
+        "mlp_in": 2.0 * T * h * f * (model.mlp_mats - 1) * k / t,
+        "mlp_out": 2.0 * T * f * h * k / t,
+        "router": 2.0 * T * h * model.experts * (model.experts > 1) + 0.0 * t,
+    }
+
+
+def lm_head_flops(model: LLM, tokens, tp=1) -> np.ndarray:
+    """Forward FLOPs of the output layer (vocabulary split by TP) on the last stage."""
+    return 2.0 * np.asarray(tokens, dtype=float) * model.hidden * model.vocab / np.asarray(tp)
+
+
 def _recompute_code(recompute) -> np.ndarray:
     """0 none, 1 selective, 2 full; -1 for a value that is none of these."""
     r = np.asarray(recompute)
@@ -427,20 +459,15 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
         return flops / (pk * gemm_efficiency(flops / (per_call * pk), eff_max))
 
     # Forward GEMMs of one layer (per micro-batch, per GPU).
-    f_qkv = 2.0 * T * h * (h / t + 2.0 * kvd_t)
-    f_out = 2.0 * T * h * h / t
-    f_in = 2.0 * T * h * f * (mats - 1.0) * topk / t
-    f_mo = 2.0 * T * f * h * topk / t
-    f_router = 2.0 * T * h * E if moe else 0.0
-    causal = np.where(flash, 0.5, 1.0)
-    f_attn = 4.0 * T * s * h * causal / t
-    f_lm = 2.0 * T * h * V / t
+    fl = layer_flops(model, T, t, flash)
+    f_attn = fl["attn"]
+    f_lm = lm_head_flops(model, T, t)
 
-    t_qkv = gemm(f_qkv, site["fp8_qkv"])
-    t_out = gemm(f_out, site["fp8_attn_out"])
-    t_in = gemm(f_in, site["fp8_mlp_in"], n_exp_local)
-    t_mo = gemm(f_mo, site["fp8_mlp_out"], n_exp_local)
-    t_router = gemm(f_router * one, np.zeros(n, dtype=bool)) if moe else 0.0
+    t_qkv = gemm(fl["qkv"], site["fp8_qkv"])
+    t_out = gemm(fl["attn_out"], site["fp8_attn_out"])
+    t_in = gemm(fl["mlp_in"], site["fp8_mlp_in"], n_exp_local)
+    t_mo = gemm(fl["mlp_out"], site["fp8_mlp_out"], n_exp_local)
+    t_router = gemm(fl["router"], np.zeros(n, dtype=bool)) if moe else 0.0
     t_lm = gemm(f_lm, site["fp8_lm_head"])
     gemm_fwd = t_qkv + t_out + t_in + t_mo + t_router
     # Attention core: a fused flash kernel, or two batched GEMMs plus a softmax.
@@ -513,12 +540,15 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     expert_p = mlp_p if moe else 0.0
     dense_layer = attn_p + (0.0 if moe else mlp_p) + 4.0 * h
     emb = V * h / t
-    n_emb_last = np.where(p > 1, 1.0, 1.0 if model.tied_embeddings else 2.0)
+    # The output layer is its own matrix unless tied to the embedding on a single stage
+    # (with pp > 1 Megatron keeps a tied copy on the last stage).
+    head = np.where((p == 1) & model.tied_embeddings, 0.0, emb)
+    single = np.where(p == 1, 1.0, 0.0)
     dense_body = Ls * dense_layer / t
     exp_body = Ls * expert_p / (t * ep)
-    # First rank holds the embedding, last rank the LM head (both when pp == 1).
-    p_first = dense_body + emb + exp_body
-    p_last = dense_body + emb * n_emb_last + exp_body
+    # First rank holds the embedding, last rank the LM head (one rank holds both at pp == 1).
+    p_first = dense_body + exp_body + emb + single * head
+    p_last = dense_body + exp_body + head + single * emb
     p_rank = np.maximum(p_first, p_last)
     p_dense = p_rank - exp_body
 
@@ -595,8 +625,8 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     emb_act = mbs_first * T * h / h_split  # embedding dropout mask, 1 byte
     logits = LOGIT_BYTES * T * V / t
     work = np.where(rc == 2, layer_full, 0.0)
-    act_f = inflight_first * per_layer + emb_act + work + np.where(p > 1, 0.0, logits)
-    act_l = inflight_last * per_layer + logits + work
+    act_f = inflight_first * per_layer + emb_act + work + single * logits
+    act_l = inflight_last * per_layer + logits + work + single * emb_act
     over_f = MEM_BASE + MEM_FRAG * act_f
     over_l = MEM_BASE + MEM_FRAG * act_l
     tot_f = w_f + g_f + o_f + act_f + over_f
@@ -698,6 +728,8 @@ __all__ = [
     "bubble_fraction",
     "gemm_efficiency",
     "hbm_capacity",
+    "layer_flops",
     "layers_in_flight",
+    "lm_head_flops",
     "simulate_llm",
 ]

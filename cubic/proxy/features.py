@@ -1,0 +1,525 @@
+"""Features of (workload, configuration) pairs for the proxy models.
+
+:func:`featurize` is a pure, vectorised function: the same inputs always give the same
+matrix, and nothing is measured or simulated. The columns are fixed per workload kind
+(:func:`feature_names`), so one model learns from every study of that kind and transfers
+across models, GPUs and cluster sizes. Three groups of columns:
+
+* the knobs: log2 of parallel degrees and sizes, one-hot string choices, booleans as 0/1;
+* the workload: model shape, cluster size and the GPU's published peaks and bandwidths;
+* bookkeeping derived from both with a few lines of arithmetic each (bytes per GPU, bytes
+  moved per step, FLOPs per GPU, the pipeline bubble). They are counts, not a performance
+  model: no efficiencies, no overlap, nothing fitted. They let trees split on the
+  quantities an engineer reasons with ("does it fit?", "how much goes over the NIC?")
+  instead of rediscovering products of knobs from a few hundred trials.
+
+Knobs a configuration leaves out (or sets to None) take :data:`LLM_DEFAULTS` or
+:data:`DLRM_DEFAULTS`; an unknown string value gets an all-zero one-hot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cubic.workload import DLRM, LLM, Workload
+
+Configs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+
+#: Megatron-Core's defaults for knobs a configuration does not name.
+LLM_DEFAULTS: dict[str, Any] = {
+    "tp": 1, "pp": 1, "cp": 1, "vp": 1, "ep": 1, "micro_batch": 1, "zero_stage": 1,
+    "recompute": "none", "sequence_parallel": False, "tp_comm_overlap": False,
+    "overlap_grad_reduce": False, "overlap_param_gather": False,
+    "fp8_qkv": False, "fp8_attn_out": False, "fp8_mlp_in": False, "fp8_mlp_out": False,
+    "fp8_lm_head": False,
+}
+#: TorchRec's usual choices for knobs a configuration does not name.
+DLRM_DEFAULTS: dict[str, Any] = {
+    "sharding_large": "row_wise", "sharding_medium": "table_wise",
+    "sharding_small": "data_parallel", "placement_large": "hbm", "cache_load_factor": 0.2,
+    "a2a_precision": "fp32", "lossy_error_bound": 1e-3, "batch_per_gpu": 4096,
+    "fp8_bottom_mlp": False, "fp8_top_mlp": False, "fp8_interaction": False,
+    "pipeline_sparse": False, "allow_tf32": False,
+}
+
+RECOMPUTE = ("none", "selective", "full")
+FP8_SITES = ("fp8_qkv", "fp8_attn_out", "fp8_mlp_in", "fp8_mlp_out", "fp8_lm_head")
+LLM_BOOLS = ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce",
+             "overlap_param_gather", *FP8_SITES)
+SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
+PLACEMENTS = ("hbm", "host", "cached")
+A2A_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "lossy")
+A2A_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+DLRM_BOOLS = ("fp8_bottom_mlp", "fp8_top_mlp", "fp8_interaction", "pipeline_sparse",
+              "allow_tf32")
+TABLE_CLASSES = ("large", "medium", "small")
+#: Table classes by rows, as the DLRM search space names them.
+LARGE_ROWS, MEDIUM_ROWS = 1_000_000, 10_000
+#: TorchRec's column-wise shard width.
+CW_SHARD_DIM = 32
+#: Optimizer state bytes per parameter: fp32 master weights plus moments (ZeRO paper).
+OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 4.0}
+#: Sparse optimizer state bytes per embedding element (row-wise Adagrad: one per row, ~0).
+EMB_STATE_BYTES = {"adam": 8.0, "adagrad": 4.0, "rowwise_adagrad": 0.0, "sgd": 0.0}
+#: Column that holds a config-independent throughput scale (log of the throughput at peak
+#: FLOP/s); the models learn log throughput relative to it, which is what transfers.
+OFFSET = "log_peak_throughput"
+
+_WORKLOAD_COMMON = (
+    "log2_num_gpus", "gpus_per_node", "log2_nodes", "log2_global_batch",
+    "peak_bf16_tflops", "peak_fp8_tflops", "has_fp8", "hbm_gb", "hbm_tbs", "nvlink_gbs",
+    "nic_gbs", "pcie_gbs", "opt_state_bytes", "training_fp32", OFFSET,
+)
+_LLM_NAMES = (
+    "log2_tp", "log2_pp", "log2_cp", "log2_vp", "log2_ep", "log2_dp", "log2_micro_batch",
+    "zero_stage", *(f"recompute_{r}" for r in RECOMPUTE), *LLM_BOOLS, "fp8_sites",
+    "log10_params", "log10_active_params", "layers", "log2_hidden", "log2_ffn", "heads",
+    "kv_heads", "log2_seq_len", "log2_vocab", "experts", "top_k", "gated_mlp",
+    *_WORKLOAD_COMMON,
+    "log2_microbatches", "bubble_fraction", "log2_gemm_tokens_x_hidden", "log10_flops_per_gpu",
+    "fp8_flop_share", "log10_params_per_gpu", "state_gb", "activation_gb_per_microbatch",
+    "activation_gb_peak", "memory_gb", "memory_ratio", "state_ratio", "activation_ratio",
+    "log10_tp_bytes", "log10_cp_bytes", "log10_pp_bytes", "log10_dp_bytes",
+    "dp_crosses_nodes", "pp_crosses_nodes", "log10_compute_s", "log10_tp_s", "log10_cp_s",
+    "log10_pp_s", "log10_dp_s", "comm_to_compute",
+)
+_DLRM_NAMES = (
+    *(f"sharding_{c}_{s}" for c in TABLE_CLASSES for s in SHARDINGS),
+    *(f"placement_large_{p}" for p in PLACEMENTS), "hbm_fraction_large",
+    *(f"a2a_{p}" for p in A2A_PRECISIONS), "log10_lossy_error_bound", "a2a_bytes_per_element",
+    "log2_batch_per_gpu", *DLRM_BOOLS,
+    "num_tables", "embedding_dim", "log10_embedding_params", "log10_dense_params",
+    "log10_dense_flops_per_sample", "dcnv2", "lookups_per_sample",
+    *_WORKLOAD_COMMON,
+    *(f"emb_gb_{c}" for c in TABLE_CLASSES), "emb_hbm_gb", "host_gb_per_node",
+    "lookup_imbalance", "log10_a2a_bytes", "a2a_bytes_per_sample", "log10_allreduce_bytes",
+    "log10_host_lookup_bytes", "log10_dense_flops_per_gpu", "fp8_dense_share", "memory_gb",
+    "memory_ratio", "log10_compute_s", "log10_a2a_s", "log10_host_lookup_s",
+    "log10_allreduce_s", "log10_lookup_s", "comm_to_compute",
+)
+
+
+def feature_names(kind: str) -> list[str]:
+    """Ordered column names of :func:`featurize` for a workload kind ('llm' or 'dlrm')."""
+    if kind == "llm":
+        return list(_LLM_NAMES)
+    if kind == "dlrm":
+        return list(_DLRM_NAMES)
+    raise ValueError(f"unknown workload kind {kind!r}; expected 'llm' or 'dlrm'")
+
+
+def featurize(workload: Workload, configs: Configs) -> np.ndarray:
+    """Feature matrix (n_configs x len(feature_names(kind))) of ``configs`` on ``workload``.
+
+    ``configs`` is a list of dicts or a mapping of knob -> equal-length sequence (scalars
+    broadcast). Float64, finite everywhere, even for configurations that cannot run.
+    """
+    model = workload.model
+    defaults = LLM_DEFAULTS if isinstance(model, LLM) else DLRM_DEFAULTS
+    cols, n = _columns(configs, defaults)
+    if isinstance(model, LLM):
+        feats = _llm(workload, model, cols, n)
+    elif isinstance(model, DLRM):
+        feats = _dlrm(workload, model, cols, n)
+    else:  # pragma: no cover - Workload only holds these two
+        raise TypeError(f"unsupported model {type(model).__name__}")
+    names = feature_names(workload.kind)
+    out = np.empty((n, len(names)))
+    for j, name in enumerate(names):
+        out[:, j] = feats[name]
+    return np.nan_to_num(out, nan=0.0, posinf=1e30, neginf=-1e30)
+
+
+# -- input handling -------------------------------------------------------------------------
+
+
+def _columns(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    """One object array per knob; missing knobs and None take ``defaults``."""
+    if isinstance(configs, Mapping):
+        lengths = {len(v) for v in configs.values()
+                   if not isinstance(v, str | bytes) and np.ndim(v) > 0}
+        if len(lengths) > 1:
+            raise ValueError(f"configs: knobs have different lengths {sorted(lengths)}")
+        n = lengths.pop() if lengths else 1
+
+        def column(k: str) -> np.ndarray:
+            v = configs.get(k)
+            out = np.empty(n, dtype=object)
+            if v is None or isinstance(v, str | bytes) or np.ndim(v) == 0:
+                out[:] = [v] * n
+            else:
+                out[:] = list(v)
+            return out
+    else:
+        rows = list(configs)
+        n = len(rows)
+
+        def column(k: str) -> np.ndarray:
+            out = np.empty(n, dtype=object)
+            out[:] = [r.get(k) for r in rows]
+            return out
+
+    cols = {}
+    for k, d in defaults.items():
+        c = column(k)
+        c[np.equal(c, None)] = d
+        cols[k] = c
+    dp = column("dp")
+    cols["dp"] = dp  # a derived value some configurations carry; None where absent
+    return cols, n
+
+
+def _num(c: np.ndarray, default: float) -> np.ndarray:
+    try:
+        return np.asarray(c, dtype=float)
+    except (TypeError, ValueError):
+        pass
+    out = np.empty(len(c))
+    for i, v in enumerate(c):
+        try:
+            out[i] = float(v)
+        except (TypeError, ValueError):
+            out[i] = default
+    return out
+
+
+def _bool(c: np.ndarray) -> np.ndarray:
+    return ((c == True) | (c == "true") | (c == "True")).astype(float)  # noqa: E712 - 1 too
+
+
+def _onehot(c: np.ndarray, name: str, choices: Sequence[str]) -> dict[str, np.ndarray]:
+    s = c.astype(str)
+    return {f"{name}_{x}": (s == x).astype(float) for x in choices}
+
+
+def _log2(x: np.ndarray | float) -> np.ndarray:
+    return np.log2(np.maximum(np.asarray(x, dtype=float), 1e-9))
+
+
+def _log10(x: np.ndarray | float) -> np.ndarray:
+    return np.log10(np.maximum(np.asarray(x, dtype=float), 1.0))
+
+
+def _workload_common(wl: Workload, flops_per_item: float, n: int) -> dict[str, np.ndarray]:
+    g, c = wl.gpu, wl.cluster
+    ones = np.ones(n)
+    peak = g.peak("bf16")
+    return {
+        "log2_num_gpus": ones * np.log2(c.num_gpus),
+        "gpus_per_node": ones * c.gpus_per_node,
+        "log2_nodes": ones * np.log2(c.nodes),
+        "log2_global_batch": ones * np.log2(wl.training.global_batch),
+        "peak_bf16_tflops": ones * peak / 1e12,
+        "peak_fp8_tflops": ones * g.peak("fp8") / 1e12,
+        "has_fp8": ones * float(g.has_fp8),
+        "hbm_gb": ones * g.hbm_gb,
+        "hbm_tbs": ones * g.hbm_gbs / 1e3,
+        "nvlink_gbs": ones * g.nvlink_gbs,
+        "nic_gbs": ones * g.nic_gbs,
+        "pcie_gbs": ones * g.pcie_gbs,
+        "opt_state_bytes": ones * OPT_STATE_BYTES.get(wl.training.optimizer, 12.0),
+        "training_fp32": ones * float(wl.training.precision == "fp32"),
+        # Tokens (or samples) per second if every GPU ran at BF16 peak on model FLOPs only.
+        OFFSET: ones * np.log(c.num_gpus * peak / max(flops_per_item, 1.0)),
+    }
+
+
+def _bandwidth(wl: Workload, span: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """Bytes/s per GPU of a group of ``span`` ranks ``stride`` apart (Megatron rank order).
+
+    NVLink inside a node; across nodes one NIC per member the group has in each node (NCCL
+    runs one ring per rail), never more than NVLink.
+    """
+    g, gpn = wl.gpu, wl.cluster.gpus_per_node
+    rails = np.clip(gpn // np.maximum(stride, 1.0), 1.0, None)
+    inter = np.minimum(g.nvlink_gbs, rails * g.nic_gbs)
+    return np.where(span * stride <= gpn, g.nvlink_gbs, inter) * 1e9
+
+
+# -- LLM -----------------------------------------------------------------------------------
+
+
+def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    g = wl.gpu
+    ngpu = float(wl.cluster.num_gpus)
+    gb = float(wl.training.global_batch)
+    tp, pp, cp, vp, ep, mb = (np.maximum(_num(a[k], 1.0), 1.0)
+                              for k in ("tp", "pp", "cp", "vp", "ep", "micro_batch"))
+    zero = _num(a["zero_stage"], 1.0)
+    dp_given = _num(a["dp"], np.nan)
+    dp = np.maximum(np.where(np.isnan(dp_given), np.floor(ngpu / (tp * pp * cp)), dp_given), 1.0)
+    rc = {r: (a["recompute"].astype(str) == r).astype(float) for r in RECOMPUTE}
+    full = rc["full"]
+    b = {k: _bool(a[k]) for k in LLM_BOOLS}
+    sp = b["sequence_parallel"] * (tp > 1)
+    h, f, s, V = float(m.hidden), float(m.ffn), float(m.seq_len), float(m.vocab)
+    kv_t = np.maximum(m.kv_heads, tp) * m.head_dim / tp  # K (or V) width per GPU; KV heads replicate
+    micro = np.maximum(gb / (mb * dp), 1.0)  # micro-batches per step
+    tokens = mb * s / cp  # tokens of one micro-batch on one GPU
+    layers_rank = m.layers / pp
+
+    # Weights per GPU: local layers split by tp (experts also by ep), plus the embedding or LM
+    # head (both on one rank without pipelining, unless tied).
+    attn, mlp = m.layer_params()
+    dense = attn + 4.0 * h + (0.0 if m.experts > 1 else mlp)
+    expert = mlp if m.experts > 1 else 0.0
+    n_emb = np.where((pp == 1) & (not m.tied_embeddings), 2.0, 1.0)
+    params = layers_rank * (dense + expert / ep) / tp + n_emb * V * h / tp
+    # Model state (Megatron mixed precision): 2-byte weights, 4-byte main grads, optimizer
+    # state; ZeRO-1 shards the optimizer over dp*cp, ZeRO-2 also grads, ZeRO-3 also weights.
+    shard = dp * cp
+    opt_b = OPT_STATE_BYTES.get(wl.training.optimizer, 12.0)
+    state = (params * 2.0 / np.where(zero >= 3, shard, 1.0)
+             + params * 4.0 / np.where(zero >= 2, shard, 1.0)
+             + params * opt_b / np.where(zero >= 1, shard, 1.0))
+    # Activations per layer per micro-batch (Korthikanti et al. 2022 with flash attention):
+    # 34 s b h / t bytes with sequence parallelism, s b h (10 + 24 / t) without; full
+    # recompute keeps only the layer input, 2 s b h (/ t with sequence parallelism).
+    per_token = np.where(sp > 0, 34.0 * h / tp, h * (10.0 + 24.0 / tp))
+    per_token = np.where(full > 0, 2.0 * h / np.where(sp > 0, tp, 1.0), per_token)
+    act_mb = tokens * per_token * layers_rank
+    # The first stage holds min(pp, m) micro-batches (1F1B); interleaving adds
+    # (pp - 1) / (pp vp) of a stage's layers (Narayanan et al. SC21).
+    in_flight = np.where(vp > 1, np.minimum(micro, pp) * (1.0 + (pp - 1.0) / (pp * vp)),
+                         np.minimum(micro, pp))
+    logits = 6.0 * tokens * V / tp  # bf16 logits and their fp32 copy at the loss
+    act_peak = act_mb * in_flight + np.where(full > 0, tokens * per_token, 0.0)
+    memory = state + act_peak + logits
+    hbm = g.hbm_bytes
+
+    # FLOPs per GPU per step; full recompute reruns the forward (+1/3).
+    flops = m.flops_per_token() * gb * s / ngpu * (1.0 + full / 3.0)
+    # Share of those FLOPs in FP8 GEMMs, by each site's weights.
+    kvd = float(m.kv_heads * m.head_dim)
+    site_w = {"fp8_qkv": h * (h + 2 * kvd), "fp8_attn_out": h * h,
+              "fp8_mlp_in": (m.mlp_mats - 1) * h * f * m.top_k, "fp8_mlp_out": h * f * m.top_k,
+              "fp8_lm_head": V * h / m.layers}
+    total_w = sum(site_w.values())
+    fp8_share = sum(b[k] * w for k, w in site_w.items()) / total_w if g.has_fp8 else 0.0 * tp
+    peak16, peak8 = g.peak("bf16"), g.peak("fp8")
+    compute_s = flops * ((1.0 - fp8_share) / peak16 + fp8_share / peak8)
+
+    # Bytes each GPU sends per step, by parallel dimension.
+    act_bytes = 2.0 * tokens * h
+    tp_bytes = np.where(tp > 1, 2.0 * (tp - 1.0) / tp * act_bytes * 4.0 * (1.0 + full / 2.0)
+                        * layers_rank * micro, 0.0)  # 2 all-reduces forward, 2 backward
+    cp_bytes = np.where(cp > 1, (cp - 1.0) * 2.0 * tokens * 2.0 * kv_t * 3.0 * layers_rank * micro,
+                        0.0)  # K and V around the ring, forward and twice in backward
+    pp_bytes = np.where(pp > 1, 2.0 * act_bytes / np.where(sp > 0, tp, 1.0) * micro * vp, 0.0)
+    frac = (shard - 1.0) / shard
+    grad_once = np.where(zero >= 1, frac * params * (4.0 + 2.0), 2.0 * frac * params * 4.0)
+    dp_bytes = np.where(zero >= 2, micro * frac * params * 4.0 + frac * params * 2.0, grad_once)
+    dp_bytes = np.where(zero >= 3, micro * frac * params * (4.0 + 2.0 * 2.0), dp_bytes)
+    dp_bytes = np.where(shard > 1, dp_bytes, 0.0)
+    dp_cross = (tp * cp * dp > wl.cluster.gpus_per_node).astype(float)
+    pp_cross = ((tp * cp * dp < ngpu) & (tp * cp * dp * pp > wl.cluster.gpus_per_node)).astype(float)
+    tp_s = tp_bytes / _bandwidth(wl, tp, np.ones(n))
+    cp_s = cp_bytes / _bandwidth(wl, cp, tp)
+    pp_s = pp_bytes / _bandwidth(wl, pp, tp * cp * dp)
+    dp_s = dp_bytes / _bandwidth(wl, shard, tp)
+
+    out: dict[str, np.ndarray] = {
+        "log2_tp": _log2(tp), "log2_pp": _log2(pp), "log2_cp": _log2(cp), "log2_vp": _log2(vp),
+        "log2_ep": _log2(ep), "log2_dp": _log2(dp), "log2_micro_batch": _log2(mb),
+        "zero_stage": zero,
+        **{f"recompute_{r}": v for r, v in rc.items()},
+        **b,
+        "sequence_parallel": sp,
+        "fp8_sites": sum(b[k] for k in FP8_SITES),
+        "log10_params": np.full(n, np.log10(m.params())),
+        "log10_active_params": np.full(n, np.log10(m.active_params())),
+        "layers": np.full(n, float(m.layers)),
+        "log2_hidden": np.full(n, np.log2(h)),
+        "log2_ffn": np.full(n, np.log2(f)),
+        "heads": np.full(n, float(m.heads)),
+        "kv_heads": np.full(n, float(m.kv_heads)),
+        "log2_seq_len": np.full(n, np.log2(s)),
+        "log2_vocab": np.full(n, np.log2(V)),
+        "experts": np.full(n, float(m.experts)),
+        "top_k": np.full(n, float(m.top_k)),
+        "gated_mlp": np.full(n, float(m.gated_mlp)),
+        **_workload_common(wl, m.flops_per_token(), n),
+        "log2_microbatches": _log2(micro),
+        "bubble_fraction": (pp - 1.0) / (vp * micro),
+        "log2_gemm_tokens_x_hidden": _log2(tokens * h / tp),
+        "log10_flops_per_gpu": _log10(flops),
+        "fp8_flop_share": fp8_share * np.ones(n),
+        "log10_params_per_gpu": _log10(params),
+        "state_gb": state / 1e9,
+        "activation_gb_per_microbatch": act_mb / 1e9,
+        "activation_gb_peak": act_peak / 1e9,
+        "memory_gb": memory / 1e9,
+        "memory_ratio": memory / hbm,
+        "state_ratio": state / hbm,
+        "activation_ratio": (act_peak + logits) / hbm,
+        "log10_tp_bytes": _log10(tp_bytes), "log10_cp_bytes": _log10(cp_bytes),
+        "log10_pp_bytes": _log10(pp_bytes), "log10_dp_bytes": _log10(dp_bytes),
+        "dp_crosses_nodes": dp_cross, "pp_crosses_nodes": pp_cross,
+        "log10_compute_s": np.log10(compute_s),
+        "log10_tp_s": _log10_s(tp_s), "log10_cp_s": _log10_s(cp_s),
+        "log10_pp_s": _log10_s(pp_s), "log10_dp_s": _log10_s(dp_s),
+        "comm_to_compute": (tp_s + cp_s + pp_s + dp_s) / compute_s,
+    }
+    return out
+
+
+def _log10_s(seconds: np.ndarray) -> np.ndarray:
+    """log10 of a time, floored at a microsecond (zero for a dimension that is not used)."""
+    return np.log10(np.maximum(seconds, 1e-6))
+
+
+# -- DLRM ----------------------------------------------------------------------------------
+
+
+def lossy_ratio(error_bound: np.ndarray) -> np.ndarray:
+    """Assumed compression ratio of an error-bounded lossy all-to-all.
+
+    Error-bounded compressors of the cuSZ family reach about 4x on fp32 embeddings at a
+    1e-3 relative bound and about 10x at 5e-2; between, log-linear in the bound.
+    """
+    eb = np.clip(np.asarray(error_bound, dtype=float), 1e-6, 0.5)
+    slope = np.log(10.0 / 4.0) / np.log(5e-2 / 1e-3)
+    return np.maximum(1.0, 4.0 * (eb / 1e-3) ** slope)
+
+
+def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    g, c = wl.gpu, wl.cluster
+    ranks, gpn, nodes = float(c.num_gpus), float(min(c.gpus_per_node, c.num_gpus)), c.nodes
+    opt = wl.training.optimizer
+    bpg = np.maximum(_num(a["batch_per_gpu"], 4096.0), 1.0)
+    shard = {cl: _onehot(a[f"sharding_{cl}"], f"sharding_{cl}", SHARDINGS)
+             for cl in TABLE_CLASSES}
+    place = _onehot(a["placement_large"], "placement_large", PLACEMENTS)
+    clf = np.clip(_num(a["cache_load_factor"], 0.2), 0.0, 1.0)
+    # Share of the large tables' rows in HBM: all, none (host/UVM), or the cached share.
+    hbm_frac = (place["placement_large_hbm"] + place["placement_large_cached"] * clf)
+    prec = _onehot(a["a2a_precision"], "a2a", A2A_PRECISIONS)
+    bound = _num(a["lossy_error_bound"], 1e-3)
+    bound = np.where(bound > 0, bound, 1e-3)
+    q = sum(prec[f"a2a_{p}"] * nb for p, nb in A2A_BYTES.items())
+    q = q + prec["a2a_lossy"] * 4.0 / lossy_ratio(bound)
+    q = np.where(q > 0, q, 4.0)
+    bools = {k: _bool(a[k]) for k in DLRM_BOOLS}
+
+    # Per table class: bytes (fp32 rows plus sparse optimizer state), the largest table,
+    # pooled width, and lookups per sample.
+    state_b = EMB_STATE_BYTES.get(opt, 0.0)
+    emb_rank: dict[str, np.ndarray] = {}
+    a2a = np.zeros(n)
+    allreduce = np.zeros(n)
+    imbalance = np.ones(n)
+    lookups_large = 0.0
+    lookups_total = 0.0
+    for cl in TABLE_CLASSES:
+        tables = [t for t in m.tables if _table_class(t.rows) == cl]
+        sh = shard[cl]
+        if not tables:
+            emb_rank[cl] = np.zeros(n)
+            continue
+        sizes = np.array([t.rows * t.dim * (4.0 + state_b) for t in tables])
+        total, largest = sizes.sum(), sizes.max()
+        width = float(sum(t.dim for t in tables))
+        lookups = np.array([t.pooling for t in tables])
+        look_share = lookups.max() / lookups.sum()
+        lookups_total += lookups.sum()
+        if cl == "large":
+            lookups_large = lookups.sum()
+        k_cw = max(1.0, m.embedding_dim / CW_SHARD_DIM)
+        # Bytes on the fullest rank: whole tables cannot split (table-wise), column shards
+        # split k ways, table-row-wise splits inside a node; data-parallel replicates.
+        per_rank = (sh[f"sharding_{cl}_table_wise"] * max(total / ranks, largest)
+                    + sh[f"sharding_{cl}_row_wise"] * total / ranks
+                    + sh[f"sharding_{cl}_column_wise"] * max(total / ranks, largest / k_cw)
+                    + sh[f"sharding_{cl}_table_row_wise"] * max(total / ranks, largest / gpn)
+                    + sh[f"sharding_{cl}_data_parallel"] * total)
+        emb_rank[cl] = per_rank * (hbm_frac if cl == "large" else 1.0)
+        # Lookup skew: the busiest rank's share of lookups over the mean share.
+        imbalance = np.maximum(imbalance, sh[f"sharding_{cl}_table_wise"] * look_share * ranks)
+        imbalance = np.maximum(imbalance,
+                               sh[f"sharding_{cl}_column_wise"] * look_share * ranks / k_cw)
+        # Pooled embeddings each rank sends per step, one direction: its local batch for
+        # tables others own (table/column-wise), partial sums of the global batch (row-wise),
+        # both within and across nodes (table-row-wise); replicas only all-reduce gradients.
+        a2a = a2a + q * width * (
+            (sh[f"sharding_{cl}_table_wise"] + sh[f"sharding_{cl}_column_wise"]) * bpg
+            + sh[f"sharding_{cl}_row_wise"] * bpg * (ranks - 1.0)
+            + sh[f"sharding_{cl}_table_row_wise"] * bpg * gpn)
+        allreduce = allreduce + sh[f"sharding_{cl}_data_parallel"] * sum(
+            t.rows * t.dim for t in tables) * 4.0
+    a2a = 2.0 * a2a  # forward embeddings, backward gradients
+    dense_p = m.dense_params()
+    allreduce = 2.0 * (ranks - 1.0) / ranks * (allreduce + 4.0 * dense_p)
+    large_bytes = sum(t.rows * t.dim * (4.0 + state_b) for t in m.tables
+                      if _table_class(t.rows) == "large")
+    host_gb = (1.0 - place["placement_large_hbm"]) * large_bytes / nodes / 1e9
+    # Large-table lookups served from host memory over PCIe (a cache's misses ~ uncached share).
+    row_bytes = 3.0 * 4.0 * m.embedding_dim  # gather, read and write back in the fused backward
+    host_lookup = bpg * lookups_large * row_bytes * (1.0 - hbm_frac)
+    lookup_bytes = bpg * lookups_total * row_bytes
+
+    dense_flops = m.dense_flops_per_sample()
+    flops_gpu = dense_flops * bpg
+    bottom = sum(x * y for x, y in zip((m.dense_features, *m.bottom_mlp[:-1]), m.bottom_mlp,
+                                       strict=True))
+    top_in = m.interaction_width()
+    top = sum(x * y for x, y in zip((top_in, *m.top_mlp[:-1]), m.top_mlp, strict=True))
+    inter = 2.0 * top_in * m.dcn_rank * m.dcn_layers if m.interaction == "dcnv2" else 0.0
+    tot = bottom + top + inter
+    fp8_share = (bools["fp8_bottom_mlp"] * bottom + bools["fp8_top_mlp"] * top
+                 + bools["fp8_interaction"] * inter) / tot * float(g.has_fp8)
+    compute_s = flops_gpu * ((1.0 - fp8_share) / g.peak("bf16") + fp8_share / g.peak("fp8"))
+    act_elems = (sum(m.bottom_mlp) + sum(m.top_mlp) + (len(m.tables) + 1) * m.bottom_mlp[-1]
+                 + top_in)
+    emb_hbm = sum(emb_rank.values())
+    memory = emb_hbm + dense_p * (4.0 + 4.0 + OPT_STATE_BYTES.get(opt, 4.0)) + \
+        bpg * act_elems * 4.0 * 2.0 + a2a
+    net = _bandwidth(wl, np.full(n, ranks), np.ones(n))
+    a2a_s = a2a / net
+    allreduce_s = allreduce / net
+    host_s = host_lookup / (g.pcie_gbs * 1e9)
+    lookup_s = lookup_bytes * imbalance / (g.hbm_gbs * 1e9)
+
+    out: dict[str, np.ndarray] = {
+        **{k: v for sh in shard.values() for k, v in sh.items()},
+        **place,
+        "hbm_fraction_large": hbm_frac,
+        **prec,
+        "log10_lossy_error_bound": prec["a2a_lossy"] * np.log10(bound),
+        "a2a_bytes_per_element": q,
+        "log2_batch_per_gpu": _log2(bpg),
+        **bools,
+        "num_tables": np.full(n, float(len(m.tables))),
+        "embedding_dim": np.full(n, float(m.embedding_dim)),
+        "log10_embedding_params": np.full(n, np.log10(max(m.embedding_params(), 1.0))),
+        "log10_dense_params": np.full(n, np.log10(max(dense_p, 1.0))),
+        "log10_dense_flops_per_sample": np.full(n, np.log10(max(dense_flops, 1.0))),
+        "dcnv2": np.full(n, float(m.interaction == "dcnv2")),
+        "lookups_per_sample": np.full(n, lookups_total),
+        **_workload_common(wl, dense_flops, n),
+        **{f"emb_gb_{cl}": v / 1e9 for cl, v in emb_rank.items()},
+        "emb_hbm_gb": emb_hbm / 1e9,
+        "host_gb_per_node": host_gb,
+        "lookup_imbalance": imbalance,
+        "log10_a2a_bytes": _log10(a2a),
+        "a2a_bytes_per_sample": a2a / bpg,
+        "log10_allreduce_bytes": _log10(allreduce * np.ones(n)),
+        "log10_host_lookup_bytes": _log10(host_lookup),
+        "log10_dense_flops_per_gpu": _log10(flops_gpu),
+        "fp8_dense_share": fp8_share,
+        "memory_gb": memory / 1e9,
+        "memory_ratio": memory / g.hbm_bytes,
+        "log10_compute_s": np.log10(compute_s),
+        "log10_a2a_s": _log10_s(a2a_s),
+        "log10_host_lookup_s": _log10_s(host_s),
+        "log10_allreduce_s": _log10_s(allreduce_s),
+        "log10_lookup_s": _log10_s(lookup_s),
+        "comm_to_compute": (a2a_s + allreduce_s + host_s) / compute_s,
+    }
+    return out
+
+
+def _table_class(rows: int) -> str:
+    return "large" if rows >= LARGE_ROWS else "medium" if rows >= MEDIUM_ROWS else "small"

@@ -1,0 +1,61 @@
+"""The service's settings: cubic's own (``CUBIC_DATABASE_URL``...) plus the API's knobs.
+
+Read from the environment (``CUBIC_*``) once, when the app is built, and validated then: a bad
+value stops the start-up with a message naming the variable instead of failing on a request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from cubic.config import Settings
+from cubic.errors import InvalidInput
+
+
+class ServiceSettings(Settings):
+    """What the API needs on top of :class:`cubic.config.Settings`.
+
+    ``CUBIC_REAP_INTERVAL_S``: how often expired leases are turned into failed trials.
+    ``CUBIC_DEFAULT_LEASE_S``: the lease length when a worker does not name one.
+    ``CUBIC_MAX_PAGE_SIZE``: the largest ``limit`` a list endpoint accepts.
+    ``CUBIC_SPACES_DIR``: where a submitted spec's relative ``space:`` file is looked up
+    when it is not found relative to the server's working directory.
+    ``CUBIC_DB_POOL_SIZE`` / ``CUBIC_DB_MAX_OVERFLOW``: database connections per process.
+    """
+
+    reap_interval_s: float = Field(5.0, gt=0, le=3600)
+    default_lease_s: float = Field(300.0, ge=1, le=86400)
+    max_page_size: int = Field(500, ge=1, le=100_000)
+    spaces_dir: Path = Path("search_spaces")
+    db_pool_size: int = Field(10, ge=1, le=1000)
+    db_max_overflow: int = Field(20, ge=0, le=1000)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> ServiceSettings:
+        """Read the environment; a bad value raises :class:`InvalidInput` naming the variable."""
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise settings_error(exc) from exc
+
+    @classmethod
+    def of(cls, settings: Settings | None) -> ServiceSettings:
+        """Service settings from cubic's (what ``cubic serve`` passes), the rest from the env."""
+        if settings is None:
+            return cls.from_env()
+        if isinstance(settings, ServiceSettings):
+            return settings
+        return cls.from_env(**settings.model_dump())
+
+
+def settings_error(exc: ValidationError) -> InvalidInput:
+    """One line per bad variable, named as the user sets it (``CUBIC_REAP_INTERVAL_S``)."""
+    parts = []
+    for err in exc.errors():
+        name = "CUBIC_" + "_".join(str(p) for p in err["loc"]).upper()
+        parts.append(f"{name}: {err['msg']}")
+    first = exc.errors()[0]["loc"] if exc.errors() else ()
+    field = "CUBIC_" + "_".join(str(p) for p in first).upper() if first else None
+    return InvalidInput("invalid settings: " + "; ".join(parts), field=field)
