@@ -8,6 +8,7 @@ job reports.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,21 @@ class Tuner:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._resolved: dict[int, ResolvedStudy] = {}
+        self._local_locks: dict[int, threading.Lock] = {}
+        self._local_guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def _proposing(self, study_id: int) -> Iterator[None]:
+        """Hold the study's proposal lock: first this process's, then the store's.
+
+        Threads of one process queue on a plain lock before the store's lock, which on
+        PostgreSQL holds a connection while it waits: without the first, a burst of leases
+        for one study could take every pooled connection and starve the lock's holder.
+        """
+        with self._local_guard:
+            local = self._local_locks.setdefault(study_id, threading.Lock())
+        with local, self.store.study_lock(study_id):
+            yield
 
     # studies --------------------------------------------------------------------------
     def create_study(self, spec: StudySpec, base: Path | None = None) -> Study:
@@ -166,7 +182,7 @@ class Tuner:
         leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
         if len(leased) >= n:
             return leased
-        with self.store.study_lock(study_id):
+        with self._proposing(study_id):
             history = self.store.list_trials(study_id)
             k = self._room(study_id, history, n - len(leased))
             if k > 0:
@@ -260,7 +276,7 @@ class Tuner:
         if target not in STUDY_TRANSITIONS:
             raise InvalidInput(f"a study cannot be set to {target}", field="state")
         # Serialised with proposals: a pause never lands in the middle of a batch.
-        with self.store.study_lock(study_id):
+        with self._proposing(study_id):
             study = self.store.get_study(study_id)
             if study.state == target:
                 return study

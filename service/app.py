@@ -1,47 +1,110 @@
-"""The FastAPI app factory: the lifespan owns the store; no engine is created at import."""
+"""The FastAPI app factory. Nothing is opened at import: the lifespan owns the store.
+
+``uvicorn service.app:create_app --factory`` builds the app from the environment
+(``CUBIC_*``, see :mod:`service.settings`); ``cubic serve`` passes its settings. Start-up
+refuses a database whose schema is missing or old (run ``cubic db upgrade``), and a
+background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds.
+
+Any number of API processes may share one PostgreSQL database: leasing takes row locks
+(``FOR UPDATE SKIP LOCKED``), proposals for a study are serialised by an advisory lock, and
+each expired lease is reaped by exactly one process.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+import anyio
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from cubic.config import Settings
-from cubic.errors import CubicError
+from cubic.errors import StorageError
 from cubic.store import Store
-from cubic.store.schema import check_schema
+from cubic.store.engine import make_engine
+from cubic.tuner import Tuner
+from service import errors
+from service.metrics import REAPED
+from service.routes import health, studies, trials
+from service.settings import ServiceSettings
+
+log = logging.getLogger("cubic.service")
+
+DESCRIPTION = """\
+cubic proposes configurations of a distributed training job, workers run them and report
+what they measured, and cubic keeps every trial in SQL.
+
+Workers: `POST /v1/studies/{id}/trials:lease`, then `:heartbeat` while running and
+`:report` (or `:release`) with the lease token. Every error answer is
+`{"detail", "field", "type"}`.
+"""
+
+
+def open_store(settings: ServiceSettings) -> Store:
+    """A store over an engine sized for the API's thread pool; its schema must be current.
+
+    A proposing request may hold two connections at once (the study's advisory lock and
+    its queries), so the pool allows some overflow beyond its steady size.
+    """
+    kwargs: dict[str, Any] = {}
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "sqlite" or url.database not in (None, "", ":memory:"):
+        kwargs = {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
+    engine = make_engine(settings.database_url, **kwargs)
+    try:
+        return Store(engine)  # raises SchemaOutOfDate naming `cubic db upgrade`
+    except BaseException:
+        engine.dispose()
+        raise
+
+
+async def reap_forever(tuner: Tuner, interval_s: float) -> None:
+    """Fail expired leases (and queue their retries) every ``interval_s`` seconds."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            reaped = await anyio.to_thread.run_sync(tuner.reap)
+        except StorageError as exc:
+            log.warning("reaping expired leases failed: %s", exc)
+            continue
+        except Exception:
+            log.exception("reaping expired leases failed")
+            continue
+        if reaped:
+            REAPED.inc(len(reaped))
+            log.info("reaped %d expired lease(s): trials %s", len(reaped),
+                     [t.id for t in reaped])
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the database is opened (and its schema checked) when it starts."""
-    settings = settings or Settings()
+    config = ServiceSettings.of(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.database_url)
+        store = await anyio.to_thread.run_sync(open_store, config)
+        tuner = Tuner(store)
+        app.state.settings = config
         app.state.store = store
+        app.state.tuner = tuner
+        reaper = asyncio.create_task(reap_forever(tuner, config.reap_interval_s),
+                                     name="cubic-reaper")
         try:
             yield
         finally:
-            store.close()
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper  # a reap in progress finishes first (threads are not killed)
+            await anyio.to_thread.run_sync(store.engine.dispose)
 
-    app = FastAPI(title="cubic", version="0.1.0", lifespan=lifespan)
-
-    @app.exception_handler(CubicError)
-    async def _cubic_error(request: Request, exc: CubicError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
-
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get("/readyz")
-    def readyz(request: Request) -> dict[str, str]:
-        """The database answers and its schema is the one this version needs."""
-        check_schema(request.app.state.store.engine)
-        return {"status": "ready"}
-
+    app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(studies.router)
+    app.include_router(trials.router)
     return app

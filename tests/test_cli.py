@@ -133,3 +133,12 @@ def test_sim_validate_json_reports_error_per_source(tmp_path: Path) -> None:
 def test_sim_bench_prints_configs_per_second() -> None:
     out = cubic("sim", "bench", "--n", "20000", "--repeat", "1").stdout
     assert "llm" in out and "dlrm" in out and "configurations/s" in out
+
+
+@pytest.mark.parametrize("study", sorted(SPACES.glob("*.study.yaml")), ids=lambda p: p.name)
+def test_shipped_study_files_resolve(study: Path) -> None:
+    from cubic.study import load_spec
+
+    spec, base = load_spec(study)
+    resolved = spec.resolve(base)
+    assert resolved.space.size(resolved.context) > 100

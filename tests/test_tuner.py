@@ -6,14 +6,16 @@ how the tuner proposes, leases, retries and learns, not a performance model.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from cubic.errors import InvalidInput, LeaseLost
+from cubic.errors import Conflict, InvalidInput, LeaseLost
 from cubic.outcome import Outcome
-from cubic.store import Store
+from cubic.store import Store, schema
+from cubic.store.engine import make_engine
 from cubic.store.objects import StudyState, TrialState
 from cubic.study import parse_spec
 from cubic.tuner import Tuner
@@ -210,3 +212,82 @@ def test_paused_study_proposes_nothing(tuner: Tuner) -> None:
     sid = tuner.create_study(_spec()).id
     tuner.store.set_study_state(sid, StudyState.PAUSED)
     assert tuner.ask(sid, "w", 2) == []
+
+
+# -- study states, imported history, concurrency ----------------------------------------------
+
+
+def test_study_state_rules(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    assert tuner.set_state(sid, "paused").state == StudyState.PAUSED
+    assert tuner.set_state(sid, "paused").state == StudyState.PAUSED  # a repeat is harmless
+    assert tuner.set_state(sid, "running").state == StudyState.RUNNING
+    assert tuner.set_state(sid, "stopped").state == StudyState.STOPPED
+    with pytest.raises(Conflict, match="only from: paused"):
+        tuner.set_state(sid, "running")
+    with pytest.raises(InvalidInput):
+        tuner.set_state(sid, "completed")
+    assert tuner.set_state(sid, "archived").state == StudyState.ARCHIVED
+    for state in ("running", "paused", "stopped"):
+        with pytest.raises(Conflict, match="archived"):
+            tuner.set_state(sid, state)
+
+
+def test_resuming_a_study_whose_last_trials_finished_while_paused_completes_it(
+        tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(budget={"max_trials": 1, "max_parallel": 1})).id
+    (t,) = tuner.ask(sid, "w", 1)
+    tuner.set_state(sid, "paused")
+    tuner.tell(t.id, t.lease_token, _job(t.params))
+    assert tuner.store.get_study(sid).state == StudyState.PAUSED
+    assert tuner.set_state(sid, "running").state == StudyState.COMPLETED
+
+
+def test_imported_history_is_checked_and_uses_no_budget(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec(constraints={"max_error_score": 0.5},
+                                   budget={"max_trials": 2, "max_parallel": 2})).id
+    done = tuner.import_history(sid, [
+        ({"x": 4, "y": 7}, "complete", {"throughput": 1000.0}),
+        ({"x": 12, "y": 0, "note": "dropped"}, "infeasible", None),
+        ({"x": 5, "y": 7}, "complete", {"throughput": 5000.0, "error_score": 3.0}),
+    ])
+    assert [t.state for t in done] == [TrialState.COMPLETE, TrialState.INFEASIBLE,
+                                       TrialState.INFEASIBLE]
+    assert done[1].params == {"x": 12, "y": 0} and {t.source for t in done} == {"imported"}
+    assert tuner.best(sid).trial.id == done[0].id  # the constraint breaker never counts
+    assert len(tuner.ask(sid, "w", 5)) == 2  # the budget is intact
+    with pytest.raises(InvalidInput, match=r"trials\.0\.params") as info:
+        tuner.import_history(sid, [({"x": 99, "y": 0}, "complete", {"throughput": 1.0})])
+    assert info.value.field == "trials.0.params"
+    with pytest.raises(InvalidInput, match="throughput") as info:
+        tuner.import_history(sid, [({"x": 1, "y": 1}, "complete", {"mfu": 0.4})])
+    assert info.value.field == "trials.0.metrics"
+    with pytest.raises(InvalidInput) as info:
+        tuner.import_history(sid, [({"x": 1, "y": 1}, "running", None)])
+    assert info.value.field == "trials.0.state"
+    tuner.set_state(sid, "archived")
+    with pytest.raises(Conflict):
+        tuner.import_history(sid, [({"x": 1, "y": 1}, "failed", None)])
+
+
+def test_an_incomplete_enqueued_config_is_invalid_input(tuner: Tuner) -> None:
+    sid = tuner.create_study(_spec()).id
+    with pytest.raises(InvalidInput, match="'y' is missing") as info:
+        tuner.enqueue(sid, [{"x": 1, "y": 1}, {"x": 1}])
+    assert info.value.field == "configs.1"
+
+
+def test_a_burst_of_asks_does_not_starve_the_connection_pool(db_url: str) -> None:
+    # Two pooled connections for sixteen threads: waiting for the study's proposal lock
+    # must not hold a connection, or the lock's holder could never get one.
+    schema.upgrade(db_url)
+    engine = make_engine(db_url, pool_size=2, max_overflow=0, pool_timeout=10)
+    try:
+        tuner = Tuner(Store(engine))
+        sid = tuner.create_study(_spec(budget={"max_trials": 40, "max_parallel": 40})).id
+        with ThreadPoolExecutor(16) as pool:
+            leased = list(pool.map(lambda i: tuner.ask(sid, f"w{i}", 2), range(16)))
+        ids = [t.id for batch in leased for t in batch]
+        assert len(ids) == 32 and len(set(ids)) == 32
+    finally:
+        engine.dispose()

@@ -64,14 +64,15 @@ CW_SHARD_DIM = 32
 OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 4.0}
 #: Sparse optimizer state bytes per embedding element (row-wise Adagrad: one per row, ~0).
 EMB_STATE_BYTES = {"adam": 8.0, "adagrad": 4.0, "rowwise_adagrad": 0.0, "sgd": 0.0}
-#: Column that holds a config-independent throughput scale (log of the throughput at peak
-#: FLOP/s); the models learn log throughput relative to it, which is what transfers.
-OFFSET = "log_peak_throughput"
+#: Column the models learn relative to: log of the roofline throughput (below). Learning
+#: log(throughput / roofline), an efficiency, is what transfers across workloads and makes
+#: a few dozen trials enough to rank configurations.
+OFFSET = "log_roofline_throughput"
 
 _WORKLOAD_COMMON = (
     "log2_num_gpus", "gpus_per_node", "log2_nodes", "log2_global_batch",
     "peak_bf16_tflops", "peak_fp8_tflops", "has_fp8", "hbm_gb", "hbm_tbs", "nvlink_gbs",
-    "nic_gbs", "pcie_gbs", "opt_state_bytes", "training_fp32", OFFSET,
+    "nic_gbs", "pcie_gbs", "opt_state_bytes", "training_fp32", "log_peak_throughput",
 )
 _LLM_NAMES = (
     "log2_tp", "log2_pp", "log2_cp", "log2_vp", "log2_ep", "log2_dp", "log2_micro_batch",
@@ -84,7 +85,8 @@ _LLM_NAMES = (
     "activation_gb_peak", "memory_gb", "memory_ratio", "state_ratio", "activation_ratio",
     "log10_tp_bytes", "log10_cp_bytes", "log10_pp_bytes", "log10_dp_bytes",
     "dp_crosses_nodes", "pp_crosses_nodes", "log10_compute_s", "log10_tp_s", "log10_cp_s",
-    "log10_pp_s", "log10_dp_s", "comm_to_compute",
+    "log10_pp_s", "log10_dp_grad_s", "log10_dp_param_s", "comm_to_compute",
+    "log_serial_throughput", OFFSET,
 )
 _DLRM_NAMES = (
     *(f"sharding_{c}_{s}" for c in TABLE_CLASSES for s in SHARDINGS),
@@ -98,7 +100,7 @@ _DLRM_NAMES = (
     "lookup_imbalance", "log10_a2a_bytes", "a2a_bytes_per_sample", "log10_allreduce_bytes",
     "log10_host_lookup_bytes", "log10_dense_flops_per_gpu", "fp8_dense_share", "memory_gb",
     "memory_ratio", "log10_compute_s", "log10_a2a_s", "log10_host_lookup_s",
-    "log10_allreduce_s", "log10_lookup_s", "comm_to_compute",
+    "log10_allreduce_s", "log10_lookup_s", "comm_to_compute", "log_serial_throughput", OFFSET,
 )
 
 
@@ -147,6 +149,8 @@ def _columns(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, n
 
         def column(k: str) -> np.ndarray:
             v = configs.get(k)
+            if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biuf":
+                return v  # typed arrays hold no None
             out = np.empty(n, dtype=object)
             if v is None or isinstance(v, str | bytes) or np.ndim(v) == 0:
                 out[:] = [v] * n
@@ -165,7 +169,8 @@ def _columns(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, n
     cols = {}
     for k, d in defaults.items():
         c = column(k)
-        c[np.equal(c, None)] = d
+        if c.dtype == object:
+            c[np.equal(c, None)] = d
         cols[k] = c
     dp = column("dp")
     cols["dp"] = dp  # a derived value some configurations carry; None where absent
@@ -187,7 +192,10 @@ def _num(c: np.ndarray, default: float) -> np.ndarray:
 
 
 def _bool(c: np.ndarray) -> np.ndarray:
-    return ((c == True) | (c == "true") | (c == "True")).astype(float)  # noqa: E712 - 1 too
+    if c.dtype.kind in "biuf":
+        return (c != 0).astype(float)
+    return np.array([v is True or v == 1 or (isinstance(v, str) and v.lower() == "true")
+                     for v in c], dtype=float)
 
 
 def _onehot(c: np.ndarray, name: str, choices: Sequence[str]) -> dict[str, np.ndarray]:
@@ -223,7 +231,7 @@ def _workload_common(wl: Workload, flops_per_item: float, n: int) -> dict[str, n
         "opt_state_bytes": ones * OPT_STATE_BYTES.get(wl.training.optimizer, 12.0),
         "training_fp32": ones * float(wl.training.precision == "fp32"),
         # Tokens (or samples) per second if every GPU ran at BF16 peak on model FLOPs only.
-        OFFSET: ones * np.log(c.num_gpus * peak / max(flops_per_item, 1.0)),
+        "log_peak_throughput": ones * np.log(c.num_gpus * peak / max(flops_per_item, 1.0)),
     }
 
 
@@ -256,7 +264,7 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     b = {k: _bool(a[k]) for k in LLM_BOOLS}
     sp = b["sequence_parallel"] * (tp > 1)
     h, f, s, V = float(m.hidden), float(m.ffn), float(m.seq_len), float(m.vocab)
-    kv_t = np.maximum(m.kv_heads, tp) * m.head_dim / tp  # K (or V) width per GPU; KV heads replicate
+    kv_t = np.maximum(m.kv_heads, tp) * m.head_dim / tp  # K (or V) width per GPU (replicated)
     micro = np.maximum(gb / (mb * dp), 1.0)  # micro-batches per step
     tokens = mb * s / cp  # tokens of one micro-batch on one GPU
     layers_rank = m.layers / pp
@@ -309,17 +317,38 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     cp_bytes = np.where(cp > 1, (cp - 1.0) * 2.0 * tokens * 2.0 * kv_t * 3.0 * layers_rank * micro,
                         0.0)  # K and V around the ring, forward and twice in backward
     pp_bytes = np.where(pp > 1, 2.0 * act_bytes / np.where(sp > 0, tp, 1.0) * micro * vp, 0.0)
-    frac = (shard - 1.0) / shard
-    grad_once = np.where(zero >= 1, frac * params * (4.0 + 2.0), 2.0 * frac * params * 4.0)
-    dp_bytes = np.where(zero >= 2, micro * frac * params * 4.0 + frac * params * 2.0, grad_once)
-    dp_bytes = np.where(zero >= 3, micro * frac * params * (4.0 + 2.0 * 2.0), dp_bytes)
-    dp_bytes = np.where(shard > 1, dp_bytes, 0.0)
-    dp_cross = (tp * cp * dp > wl.cluster.gpus_per_node).astype(float)
-    pp_cross = ((tp * cp * dp < ngpu) & (tp * cp * dp * pp > wl.cluster.gpus_per_node)).astype(float)
+    # Data parallel (over dp*cp ranks): fp32 gradients all-reduced (ZeRO-0) or
+    # reduce-scattered (once per step; per micro-batch from ZeRO-2 on), 2-byte weights
+    # all-gathered after the step (ZeRO-1/2) or before every use (ZeRO-3: forward and backward).
+    frac = np.where(shard > 1, (shard - 1.0) / shard, 0.0)
+    dp_grad = frac * params * 4.0 * np.where(zero == 0, 2.0, np.where(zero >= 2, micro, 1.0))
+    dp_param = frac * params * 2.0 * np.where(zero == 0, 0.0, np.where(zero >= 3, 2.0 * micro, 1.0))
+    dp_bytes = dp_grad + dp_param
+    gpn = wl.cluster.gpus_per_node
+    dp_cross = (tp * cp * dp > gpn).astype(float)
+    pp_cross = ((tp * cp * dp < ngpu) & (tp * cp * dp * pp > gpn)).astype(float)
     tp_s = tp_bytes / _bandwidth(wl, tp, np.ones(n))
     cp_s = cp_bytes / _bandwidth(wl, cp, tp)
     pp_s = pp_bytes / _bandwidth(wl, pp, tp * cp * dp)
-    dp_s = dp_bytes / _bandwidth(wl, shard, tp)
+    bw_dp = _bandwidth(wl, shard, tp)
+    dp_grad_s, dp_param_s = dp_grad / bw_dp, dp_param / bw_dp
+    # Roofline step time: GEMMs at peak, the pipeline bubble, and every transfer exposed
+    # except those the configuration asks to overlap, which hide fully behind the compute
+    # they overlap with (TP behind GEMMs, gradient reduction behind the backward pass, 2/3
+    # of the compute, parameter gathers behind the forward, 1/3). No efficiency is assumed,
+    # so it bounds the step time from below; the serial variant exposes every transfer.
+    b_ovl = {k: b[k] > 0 for k in ("tp_comm_overlap", "overlap_grad_reduce",
+                                   "overlap_param_gather")}
+    busy = compute_s * (1.0 + (pp - 1.0) / (vp * micro))
+    serial = busy + tp_s + cp_s + pp_s + dp_grad_s + dp_param_s
+    roofline = (busy + cp_s + pp_s
+                + np.where(b_ovl["tp_comm_overlap"] & (sp > 0), np.maximum(tp_s - compute_s, 0.0),
+                           tp_s)
+                + np.where(b_ovl["overlap_grad_reduce"],
+                           np.maximum(dp_grad_s - compute_s * 2.0 / 3.0, 0.0), dp_grad_s)
+                + np.where(b_ovl["overlap_param_gather"] & (zero >= 1),
+                           np.maximum(dp_param_s - compute_s / 3.0, 0.0), dp_param_s))
+    step_tokens = gb * s
 
     out: dict[str, np.ndarray] = {
         "log2_tp": _log2(tp), "log2_pp": _log2(pp), "log2_cp": _log2(cp), "log2_vp": _log2(vp),
@@ -360,8 +389,11 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         "dp_crosses_nodes": dp_cross, "pp_crosses_nodes": pp_cross,
         "log10_compute_s": np.log10(compute_s),
         "log10_tp_s": _log10_s(tp_s), "log10_cp_s": _log10_s(cp_s),
-        "log10_pp_s": _log10_s(pp_s), "log10_dp_s": _log10_s(dp_s),
-        "comm_to_compute": (tp_s + cp_s + pp_s + dp_s) / compute_s,
+        "log10_pp_s": _log10_s(pp_s), "log10_dp_grad_s": _log10_s(dp_grad_s),
+        "log10_dp_param_s": _log10_s(dp_param_s),
+        "comm_to_compute": (serial - busy) / compute_s,
+        "log_serial_throughput": np.log(step_tokens / serial),
+        OFFSET: np.log(step_tokens / roofline),
     }
     return out
 
@@ -481,6 +513,14 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     allreduce_s = allreduce / net
     host_s = host_lookup / (g.pcie_gbs * 1e9)
     lookup_s = lookup_bytes * imbalance / (g.hbm_gbs * 1e9)
+    # Roofline step time: dense GEMMs at peak, embedding rows at HBM (and PCIe) bandwidth on
+    # the busiest rank, the all-to-all hidden behind the dense compute when pipelined, and
+    # DDP's gradient all-reduce behind the backward pass (2/3 of the dense compute).
+    busy = compute_s + lookup_s + host_s
+    serial = busy + a2a_s + allreduce_s
+    roofline = (busy + np.where(bools["pipeline_sparse"] > 0,
+                                np.maximum(a2a_s - compute_s, 0.0), a2a_s)
+                + np.maximum(allreduce_s - compute_s * 2.0 / 3.0, 0.0))
 
     out: dict[str, np.ndarray] = {
         **{k: v for sh in shard.values() for k, v in sh.items()},
@@ -517,6 +557,8 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
         "log10_allreduce_s": _log10_s(allreduce_s),
         "log10_lookup_s": _log10_s(lookup_s),
         "comm_to_compute": (a2a_s + allreduce_s + host_s) / compute_s,
+        "log_serial_throughput": np.log(bpg * ranks / serial),
+        OFFSET: np.log(bpg * ranks / roofline),
     }
     return out
 

@@ -60,11 +60,16 @@ class OptunaStrategy(Strategy):
 
     def _frozen(self, history: Sequence[Trial], dists: dict[str, BaseDistribution]
                 ) -> list[FrozenTrial]:
+        space = self.study.space
         scored = [(t, *self.scored(t)) for t in history]
         penalty = self._penalty([v for _, v, _ in scored if v is not None])
         frozen = []
         for t, vals, viol in scored:
-            params = {k: v for k, v in t.params.items() if k in dists}
+            # An inactive conditional knob holds its default, which may lie outside its
+            # choices (cache_load_factor 1.0 when nothing is cached): leave it out, as
+            # Optuna's define-by-run trials would.
+            params = {k: v for k, v in t.params.items()
+                      if k in dists and space[k].contains(v)}
             pd = {k: dists[k] for k in params}
             try:
                 if t.state in (TrialState.WAITING, TrialState.RUNNING):

@@ -1,0 +1,333 @@
+"""The proxy model: XGBoost predictions of throughput and feasibility from features.
+
+Trained on measured trials only, it lets a strategy rank many candidate configurations for
+the price of a prediction and spend real GPU time on the few it expects to be fast and to
+fit in memory. Three parts:
+
+* an ensemble of XGBoost regressors of log throughput (each on a random subsample of rows
+  and columns, with its own seed); the spread of their predictions is the uncertainty a
+  strategy trades off against the mean;
+* optionally, pairwise rankers (``objective="rank"``, ``rank:pairwise`` grouped per study)
+  in place of the regressors, mapped back to log throughput by a linear fit, for data where
+  ordering configurations matters more than predicting their speed;
+* an XGBoost classifier of feasibility (ran vs. out of memory or invalid).
+
+Throughput is learned relative to the workload's peak throughput (the ``OFFSET`` feature,
+when the model knows its workload kind), so what transfers between models and cluster sizes
+is efficiency, not the raw scale of tokens/s.
+
+Models are saved as XGBoost's own JSON inside a plain dict with the feature names, versions
+and hyperparameters next to it; never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+from sklearn.base import BaseEstimator
+
+from cubic.proxy.features import OFFSET, feature_names
+
+FORMAT = "cubic.proxy_model/1"
+OBJECTIVES = ("regression", "rank")
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class ProxyModel(BaseEstimator):
+    """Predicts throughput (with uncertainty) and feasibility of configurations.
+
+    ``kind`` ('llm' or 'dlrm') fixes the feature names and makes the model learn throughput
+    relative to the workload's peak; without it, any feature matrix is accepted and raw log
+    throughput is learned. ``n_members`` boosters form the ensemble. Learned attributes end
+    in ``_``.
+    """
+
+    def __init__(
+        self,
+        kind: str | None = None,
+        objective: str = "regression",
+        n_members: int = 5,
+        n_estimators: int = 200,
+        max_depth: int = 6,
+        learning_rate: float = 0.1,
+        subsample: float = 0.8,
+        colsample_bytree: float = 0.8,
+        min_child_weight: float = 1.0,
+        reg_lambda: float = 1.0,
+        max_bin: int = 256,
+        seed: int = 0,
+        n_jobs: int = 1,
+    ) -> None:
+        self.kind = kind
+        self.objective = objective
+        self.n_members = n_members
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.learning_rate = learning_rate
+        self.subsample = subsample
+        self.colsample_bytree = colsample_bytree
+        self.min_child_weight = min_child_weight
+        self.reg_lambda = reg_lambda
+        self.max_bin = max_bin
+        self.seed = seed
+        self.n_jobs = n_jobs
+
+    # -- fitting -------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.kind is not None:
+            feature_names(self.kind)  # raises on an unknown kind
+        for name in ("n_members", "n_estimators", "max_depth", "max_bin", "n_jobs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("subsample", "colsample_bytree"):
+            if not 0.0 < float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1]")
+        if not float(self.learning_rate) > 0.0:
+            raise ValueError("learning_rate must be positive")
+
+    def _check_X(self, X: Any, fitted: bool) -> np.ndarray:
+        X = np.asarray(X, dtype=float)
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D, got shape {X.shape}")
+        width = self.n_features_in_ if fitted else (
+            len(feature_names(self.kind)) if self.kind is not None else X.shape[1])
+        if X.shape[1] != width:
+            raise ValueError(f"X has {X.shape[1]} features, expected {width}")
+        return X
+
+    def _offset(self, X: np.ndarray) -> np.ndarray:
+        i = self.offset_index_
+        return X[:, i] if i is not None else np.zeros(len(X))
+
+    def _booster_params(self, seed: int, objective: str) -> dict[str, Any]:
+        return {
+            "objective": objective,
+            "tree_method": "hist",
+            "max_depth": int(self.max_depth),
+            "eta": float(self.learning_rate),
+            "subsample": float(self.subsample),
+            "colsample_bytree": float(self.colsample_bytree),
+            "min_child_weight": float(self.min_child_weight),
+            "lambda": float(self.reg_lambda),
+            "max_bin": int(self.max_bin),
+            "nthread": int(self.n_jobs),
+            "seed": int(seed),
+            "verbosity": 0,
+        }
+
+    def fit(
+        self,
+        X: Any,
+        y: Any,
+        feasible: Any,
+        groups: Any = None,
+    ) -> ProxyModel:
+        """Fit on trials: ``y`` is throughput (NaN where infeasible), ``feasible`` a bool mask.
+
+        ``groups`` (one id per row, e.g. the study) keeps pairwise ranking inside a study;
+        the regression ignores it. Needs at least two feasible rows.
+        """
+        self._check_params()
+        X = self._check_X(X, fitted=False)
+        y = np.asarray(y, dtype=float).reshape(-1)
+        feasible = np.asarray(feasible, dtype=bool).reshape(-1)
+        if not len(y) == len(feasible) == len(X):
+            raise ValueError(f"X, y and feasible have {len(X)}, {len(y)}, {len(feasible)} rows")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X holds NaN or infinite values")
+        ok = feasible & np.isfinite(y) & (y > 0)
+        if np.any(feasible & ~ok):
+            raise ValueError("feasible rows need a positive, finite throughput")
+        if ok.sum() < 2:
+            raise ValueError(f"need at least two feasible rows, got {int(ok.sum())}")
+        g = np.zeros(len(y), dtype=np.int64) if groups is None else _group_codes(groups)
+        if len(g) != len(y):
+            raise ValueError(f"groups has {len(g)} entries for {len(y)} rows")
+
+        self.n_features_in_ = X.shape[1]
+        self.feature_names_ = (feature_names(self.kind) if self.kind is not None
+                               else [f"f{i}" for i in range(X.shape[1])])
+        self.offset_index_ = (self.feature_names_.index(OFFSET)
+                              if OFFSET in self.feature_names_ else None)
+        Xf = X[ok]
+        target = np.log(y[ok]) - self._offset(Xf)
+        self.members_ = self._fit_members(Xf, target, g[ok])
+        scores = self._member_scores(Xf).mean(axis=0)
+        if self.objective == "rank":
+            # Map rank scores to log throughput: one line fitted on the training rows.
+            slope, intercept = np.polyfit(scores, target, 1) if np.ptp(scores) > 0 else (
+                0.0, float(target.mean()))
+            self.calibration_ = (float(max(slope, 1e-6)), float(intercept))
+        else:
+            self.calibration_ = (1.0, 0.0)
+        self.n_train_ = len(y)
+        self.n_feasible_ = int(ok.sum())
+        self.p_feasible_ = float(feasible.mean())
+        self.classifier_ = None
+        if 0 < feasible.sum() < len(feasible):
+            dtrain = xgb.QuantileDMatrix(X, label=feasible.astype(float), max_bin=self.max_bin)
+            self.classifier_ = xgb.train(
+                self._booster_params(self.seed, "binary:logistic"), dtrain,
+                num_boost_round=int(self.n_estimators))
+        return self
+
+    def _fit_members(self, X: np.ndarray, target: np.ndarray, g: np.ndarray) -> list[xgb.Booster]:
+        if self.objective == "rank":
+            order = np.argsort(g, kind="stable")  # XGBoost needs each query's rows together
+            dtrain = xgb.QuantileDMatrix(X[order], label=target[order], qid=g[order],
+                                         max_bin=self.max_bin)
+            obj = "rank:pairwise"
+        else:
+            dtrain = xgb.QuantileDMatrix(X, label=target, max_bin=self.max_bin)
+            obj = "reg:squarederror"
+        return [
+            xgb.train(self._booster_params(self.seed + i, obj), dtrain,
+                      num_boost_round=int(self.n_estimators))
+            for i in range(int(self.n_members))
+        ]
+
+    # -- prediction ----------------------------------------------------------------------
+
+    def _member_scores(self, X: np.ndarray) -> np.ndarray:
+        return np.stack([np.asarray(b.inplace_predict(X), dtype=float) for b in self.members_])
+
+    def predict_log(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of log throughput (natural log) over the ensemble."""
+        self._check_fitted()
+        X = self._check_X(X, fitted=True)
+        if len(X) == 0:
+            return np.zeros(0), np.zeros(0)
+        slope, intercept = self.calibration_
+        scores = self._member_scores(X) * slope + intercept
+        return scores.mean(axis=0) + self._offset(X), scores.std(axis=0)
+
+    def predict(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, std)``: throughput (the trials' unit, e.g. tokens/s) and its uncertainty.
+
+        ``mean`` is ``exp`` of the ensemble's mean log throughput (a geometric mean). ``std``
+        is on the natural-log scale: 0.1 means about +/-10 %, comparable across workloads
+        whose throughputs differ by orders of magnitude.
+        """
+        mean, std = self.predict_log(X)
+        return np.exp(mean), std
+
+    def feasible(self, X: Any) -> np.ndarray:
+        """Probability that each configuration runs (fits in memory, is a valid layout)."""
+        self._check_fitted()
+        X = self._check_X(X, fitted=True)
+        if self.classifier_ is None:
+            return np.full(len(X), self.p_feasible_)
+        if len(X) == 0:
+            return np.zeros(0)
+        return np.asarray(self.classifier_.inplace_predict(X), dtype=float)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "members_"):
+            raise RuntimeError("ProxyModel is not fitted; call fit() or load() first")
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def save(self) -> dict[str, Any]:
+        """A JSON-serialisable dict: XGBoost JSON models plus a sidecar to check on load."""
+        self._check_fitted()
+        return {
+            "format": FORMAT,
+            "kind": self.kind,
+            "feature_names": list(self.feature_names_),
+            "versions": {"cubic": _version("cubic"), "xgboost": xgb.__version__},
+            "params": self.get_params(),
+            "n_train": self.n_train_,
+            "n_feasible": self.n_feasible_,
+            "p_feasible": self.p_feasible_,
+            "calibration": list(self.calibration_),
+            "members": [_booster_json(b) for b in self.members_],
+            "classifier": None if self.classifier_ is None else _booster_json(self.classifier_),
+        }
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> ProxyModel:
+        """Rebuild a model from :meth:`save`'s dict; it predicts exactly what was saved."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a saved proxy model (expected format {FORMAT!r})")
+        model = cls(**data["params"])
+        names = list(data["feature_names"])
+        if model.kind is not None and names != feature_names(model.kind):
+            raise ValueError(
+                f"saved feature names do not match this version's {model.kind!r} features; "
+                "retrain the model")
+        model.feature_names_ = names
+        model.n_features_in_ = len(names)
+        model.offset_index_ = names.index(OFFSET) if OFFSET in names else None
+        model.n_train_ = int(data["n_train"])
+        model.n_feasible_ = int(data["n_feasible"])
+        model.p_feasible_ = float(data["p_feasible"])
+        slope, intercept = data["calibration"]
+        model.calibration_ = (float(slope), float(intercept))
+        model.members_ = [_booster_from_json(m, model.n_jobs) for m in data["members"]]
+        clf = data.get("classifier")
+        model.classifier_ = None if clf is None else _booster_from_json(clf, model.n_jobs)
+        return model
+
+
+def _booster_json(booster: xgb.Booster) -> dict[str, Any]:
+    return json.loads(bytes(booster.save_raw("json")).decode())
+
+
+def _booster_from_json(doc: dict[str, Any], n_jobs: int) -> xgb.Booster:
+    booster = xgb.Booster()
+    booster.load_model(bytearray(json.dumps(doc).encode()))
+    booster.set_param({"nthread": int(n_jobs)})
+    return booster
+
+
+def _group_codes(groups: Any) -> np.ndarray:
+    _, codes = np.unique(np.asarray(groups).astype(str), return_inverse=True)
+    return codes.reshape(-1).astype(np.int64)
+
+
+def select_objective(
+    X: Any,
+    y: Any,
+    feasible: Any,
+    groups: Any = None,
+    *,
+    k: int = 5,
+    seed: int = 0,
+    **params: Any,
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """Cross-validate the regression and the ranking objective; keep the better ranker.
+
+    Returns the objective with the higher mean Kendall tau (the regression on ties or when
+    neither can be scored) and each objective's cross-validation results.
+    """
+    from cubic.proxy.quality import cross_validate
+
+    results: dict[str, dict[str, Any]] = {}
+    for objective in OBJECTIVES:
+        factory: Callable[[], ProxyModel] = _factory(objective, seed, params)
+        results[objective] = cross_validate(factory, X, y, feasible, k=k, seed=seed,
+                                            groups=groups)
+    taus = {o: results[o].get("kendall_tau") for o in OBJECTIVES}
+    best = "regression"
+    if taus["rank"] is not None and (taus["regression"] is None
+                                     or taus["rank"] > taus["regression"]):
+        best = "rank"
+    return best, results
+
+
+def _factory(objective: str, seed: int, params: dict[str, Any]) -> Callable[[], ProxyModel]:
+    return lambda: ProxyModel(objective=objective, seed=seed, **params)

@@ -1,0 +1,56 @@
+"""Dependencies of the route handlers, as ``Annotated`` aliases.
+
+The lifespan puts the store, the tuner and the settings on ``app.state``; handlers receive
+them through these aliases and never build their own. The getters only read attributes, so
+they are ``async`` (no thread hop); the handlers that use them are plain ``def``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Query, Request
+
+from cubic.errors import InvalidInput
+from cubic.store import Store
+from cubic.tuner import Tuner
+from service.settings import ServiceSettings
+
+
+async def get_settings(request: Request) -> ServiceSettings:
+    return request.app.state.settings
+
+
+async def get_store(request: Request) -> Store:
+    return request.app.state.store
+
+
+async def get_tuner(request: Request) -> Tuner:
+    return request.app.state.tuner
+
+
+SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+TunerDep = Annotated[Tuner, Depends(get_tuner)]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    limit: int
+    offset: int
+
+
+async def get_page(
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, description="page size (at most CUBIC_MAX_PAGE_SIZE)")] = 50,
+    offset: Annotated[int, Query(ge=0, description="items to skip")] = 0,
+) -> Page:
+    """``limit``/``offset``; a limit above the server's maximum is refused, not cut short."""
+    if limit > settings.max_page_size:
+        raise InvalidInput(f"limit: at most {settings.max_page_size} items per page",
+                           field="limit")
+    return Page(limit, offset)
+
+
+PageDep = Annotated[Page, Depends(get_page)]

@@ -1,0 +1,182 @@
+"""Studies: create (JSON or YAML), list, read with progress, change state, best so far."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+
+from cubic.errors import InvalidInput, NotFound
+from cubic.store.objects import StudyState
+from cubic.study import StudySpec, parse_spec
+from cubic.tuner import Tuner
+from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
+from service.schemas import (
+    STUDY_SPEC_EXAMPLE,
+    STUDY_SPEC_YAML_EXAMPLE,
+    BestOut,
+    ProgressOut,
+    StudyOut,
+    StudyPage,
+    TrialOut,
+)
+from service.settings import ServiceSettings
+
+router = APIRouter(prefix="/v1", tags=["studies"])
+
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"})
+_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+async def spec_body(request: Request) -> tuple[bytes, str]:
+    """The raw body and its media type; parsing waits for the handler's thread."""
+    body = await request.body()
+    if len(body) > MAX_SPEC_BYTES:
+        raise HTTPException(413, f"a study spec may be at most {MAX_SPEC_BYTES} bytes")
+    media = request.headers.get("content-type", "application/json")
+    return body, media.split(";")[0].strip().lower()
+
+
+def parse_body(body: bytes, media: str) -> Any:
+    """A spec document from JSON or YAML text; the error says which and where."""
+    if media in YAML_TYPES:
+        try:
+            return yaml.safe_load(body)
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"body: not valid YAML: {exc}", field="body") from exc
+    if media in ("application/json", "") or media.endswith("+json"):
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"body: not valid JSON: {exc}", field="body") from exc
+    raise HTTPException(415, f"unsupported Content-Type {media!r}: send application/json or "
+                             "application/yaml")
+
+
+def spec_base(spec: StudySpec, settings: ServiceSettings) -> Path:
+    """Where the spec's relative file references resolve: the server's working directory,
+    or else its spaces folder. Only plain relative paths are accepted: a client must not
+    make the server read files outside those folders."""
+    cwd = Path.cwd()
+    spaces = settings.spaces_dir if settings.spaces_dir.is_absolute() else cwd / settings.spaces_dir
+    base = cwd
+    for name in ("workload", "space"):
+        ref = getattr(spec, name)
+        if not isinstance(ref, str) or not (ref.endswith(_FILE_SUFFIXES) or "/" in ref):
+            continue  # inline, or a preset name
+        path = Path(ref)
+        if path.is_absolute() or ".." in path.parts:
+            raise InvalidInput(f"{name}: {ref!r}: give a path relative to the server's spaces "
+                               "folder, or the content inline", field=name)
+        if name != "space" or (cwd / path).is_file():
+            continue
+        if not (spaces / path).is_file():
+            raise InvalidInput(f"space: no file {ref!r} in the server's spaces folder; send "
+                               "the space inline instead", field="space")
+        base = spaces
+    return base
+
+
+_SPEC_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "description": "The study spec, as in a study file; relative `space:` files are "
+                       "looked up in the server's working directory, then in its spaces "
+                       "folder (`CUBIC_SPACES_DIR`).",
+        "content": {
+            "application/json": {"schema": StudySpec.model_json_schema(),
+                                 "example": STUDY_SPEC_EXAMPLE},
+            "application/yaml": {"schema": {"type": "string"},
+                                 "example": STUDY_SPEC_YAML_EXAMPLE},
+        },
+    }
+}
+
+
+@router.post("/studies", status_code=201, response_model=StudyOut, openapi_extra=_SPEC_OPENAPI,
+             responses={415: {"description": "neither JSON nor YAML"},
+                        422: {"description": "invalid spec; `field` names the culprit"}})
+def create_study(body: Annotated[tuple[bytes, str], Depends(spec_body)], request: Request,
+                 response: Response, tuner: TunerDep, settings: SettingsDep) -> StudyOut:
+    """Create a study from its spec; its baseline (if any) is queued as the first trial."""
+    spec = parse_spec(parse_body(*body), "spec")
+    study = tuner.create_study(spec, spec_base(spec, settings))
+    response.headers["Location"] = request.app.url_path_for("get_study", study_id=study.id)
+    return StudyOut.from_study(study)
+
+
+@router.get("/studies", response_model=StudyPage)
+def list_studies(store: StoreDep, page: PageDep,
+                 state: Annotated[StudyState | None, Query()] = None,
+                 kind: Annotated[str | None, Query(description="workload kind: llm, dlrm")]
+                 = None) -> StudyPage:
+    """Studies in creation order."""
+    items = store.list_studies(state, kind, limit=page.limit, offset=page.offset)
+    return StudyPage(items=[StudyOut.from_study(s) for s in items],
+                     total=store.count_studies(state, kind), limit=page.limit,
+                     offset=page.offset)
+
+
+def progress(tuner: Tuner, study_id: int) -> ProgressOut:
+    p = tuner.progress(study_id)
+    best = tuner.best(study_id)
+    return ProgressOut(counts=p["counts"], max_trials=p["max_trials"],
+                       best_value=None if best is None else best.value)
+
+
+@router.get("/studies/{study_id:int}", response_model=StudyOut)
+def get_study(study_id: int, tuner: TunerDep) -> StudyOut:
+    """A study with its progress: trials per state, the budget, the best value so far."""
+    study = tuner.store.get_study(study_id)
+    return StudyOut.from_study(study, progress(tuner, study_id))
+
+
+def _set_state(tuner: Tuner, study_id: int, state: StudyState) -> StudyOut:
+    return StudyOut.from_study(tuner.set_state(study_id, state))
+
+
+_409 = {409: {"description": "the study's state does not allow it (archived is final)"}}
+
+
+@router.post("/studies/{study_id:int}:pause", response_model=StudyOut, responses=_409)
+def pause_study(study_id: int, tuner: TunerDep) -> StudyOut:
+    """Stop handing out new trials; running ones finish. Only a running study pauses."""
+    return _set_state(tuner, study_id, StudyState.PAUSED)
+
+
+@router.post("/studies/{study_id:int}:resume", response_model=StudyOut, responses=_409)
+def resume_study(study_id: int, tuner: TunerDep) -> StudyOut:
+    """Hand out trials again; only a paused study resumes."""
+    return _set_state(tuner, study_id, StudyState.RUNNING)
+
+
+@router.post("/studies/{study_id:int}:stop", response_model=StudyOut, responses=_409)
+def stop_study(study_id: int, tuner: TunerDep) -> StudyOut:
+    """End a running or paused study for good before its budget is spent."""
+    return _set_state(tuner, study_id, StudyState.STOPPED)
+
+
+@router.post("/studies/{study_id:int}:archive", response_model=StudyOut, responses=_409)
+def archive_study(study_id: int, tuner: TunerDep) -> StudyOut:
+    """Freeze a study: final, no trial is added to it again."""
+    return _set_state(tuner, study_id, StudyState.ARCHIVED)
+
+
+@router.get("/studies/{study_id:int}/best", response_model=BestOut,
+            responses={404: {"description": "unknown study, or nothing complete yet"}})
+def best(study_id: int, tuner: TunerDep) -> BestOut:
+    """The best complete trial that respects the constraints, against the baseline."""
+    b = tuner.best(study_id)
+    if b is None:
+        raise NotFound(f"study {study_id} has no complete trial within its constraints yet")
+    objective = tuner.resolved(study_id).spec.objectives[0]
+    return BestOut(study_id=study_id, metric=objective.metric,
+                   direction=objective.direction or "maximize", value=b.value,
+                   trial=TrialOut.from_trial(b.trial), predicted=b.trial.predicted,
+                   baseline_value=b.baseline_value,
+                   baseline_trial_id=None if b.baseline is None else b.baseline.id,
+                   speedup=b.speedup)

@@ -1,0 +1,112 @@
+"""Trials: list and read, and the worker protocol (lease, heartbeat, report, release), plus
+enqueued configs and imported history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from cubic.outcome import Outcome
+from cubic.store.objects import TrialState
+from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
+from service.metrics import LEASE_LATENCY, REPORT_LATENCY
+from service.schemas import (
+    EnqueueRequest,
+    HeartbeatRequest,
+    ImportRequest,
+    LeaseOut,
+    LeaseRequest,
+    ReleaseRequest,
+    ReportRequest,
+    TrialLeaseOut,
+    TrialOut,
+    TrialPage,
+    TrialsOut,
+)
+
+router = APIRouter(prefix="/v1", tags=["trials"])
+
+_LEASE_409 = {409: {"description": "the lease is gone (`type: LeaseLost`: expired and reaped, "
+                                   "released, or re-leased) or the trial already finished "
+                                   "differently (`TrialFinished`)"}}
+
+
+@router.get("/studies/{study_id:int}/trials", response_model=TrialPage)
+def list_trials(study_id: int, store: StoreDep, page: PageDep,
+                state: Annotated[list[TrialState] | None,
+                                 Query(description="keep these states (repeatable)")] = None
+                ) -> TrialPage:
+    """A study's trials in number order."""
+    items = store.list_trials(study_id, states=state, limit=page.limit, offset=page.offset)
+    counts = store.count_trials(study_id)
+    total = sum(n for s, n in counts.items() if state is None or s in state)
+    return TrialPage(items=[TrialOut.from_trial(t) for t in items], total=total,
+                     limit=page.limit, offset=page.offset)
+
+
+@router.get("/trials/{trial_id:int}", response_model=TrialOut)
+def get_trial(trial_id: int, store: StoreDep) -> TrialOut:
+    """A trial with its state transitions."""
+    return TrialOut.from_trial(store.get_trial(trial_id), store.trial_events(trial_id))
+
+
+@router.post("/studies/{study_id:int}/trials:lease", response_model=LeaseOut)
+def lease(study_id: int, req: LeaseRequest, tuner: TunerDep,
+          settings: SettingsDep) -> LeaseOut:
+    """Lease up to ``count`` trials, proposing new ones when none wait.
+
+    Idempotent per worker: asking again returns the trials the worker already holds (their
+    leases extended) before any new one, so a restarted worker loses nothing.
+    """
+    seconds = req.lease_seconds or settings.default_lease_s
+    with LEASE_LATENCY.time():
+        trials = tuner.ask(study_id, req.worker_id, req.count, seconds)
+    state = tuner.store.get_study(study_id).state
+    return LeaseOut(trials=[TrialLeaseOut.from_trial(t) for t in trials], study_state=state)
+
+
+@router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)
+def heartbeat(trial_id: int, req: HeartbeatRequest, tuner: TunerDep,
+              settings: SettingsDep) -> TrialOut:
+    """Extend a lease to now + ``lease_seconds``."""
+    seconds = req.lease_seconds or settings.default_lease_s
+    return TrialOut.from_trial(tuner.heartbeat(trial_id, req.lease_token, seconds))
+
+
+@router.post("/trials/{trial_id:int}:report", response_model=TrialOut, responses=_LEASE_409)
+def report(trial_id: int, req: ReportRequest, tuner: TunerDep) -> TrialOut:
+    """Record how a leased trial ended.
+
+    Idempotent per lease token: resending the same report after a lost answer returns the
+    same trial and changes nothing. A report under a lease that expired (and whose trial
+    was retried elsewhere) is refused with 409 ``LeaseLost``.
+    """
+    outcome = Outcome(req.state, req.metrics, req.error, req.log_tail)
+    with REPORT_LATENCY.time():
+        trial = tuner.tell(trial_id, req.lease_token, outcome)
+    return TrialOut.from_trial(trial)
+
+
+@router.post("/trials/{trial_id:int}:release", response_model=TrialOut, responses=_LEASE_409)
+def release(trial_id: int, req: ReleaseRequest, tuner: TunerDep) -> TrialOut:
+    """Give a leased trial back unrun (a worker shutting down); it waits for another."""
+    return TrialOut.from_trial(tuner.release(trial_id, req.lease_token))
+
+
+@router.post("/studies/{study_id:int}/trials:enqueue", status_code=201, response_model=TrialsOut)
+def enqueue(study_id: int, req: EnqueueRequest, tuner: TunerDep) -> TrialsOut:
+    """Queue configs to run before the strategy's own proposals, checked against the space."""
+    return TrialsOut(trials=[TrialOut.from_trial(t)
+                             for t in tuner.enqueue(study_id, req.configs)])
+
+
+@router.post("/studies/{study_id:int}/trials:import", status_code=201, response_model=TrialsOut)
+def import_history(study_id: int, req: ImportRequest, tuner: TunerDep) -> TrialsOut:
+    """Add past runs as finished trials: the search learns from them, the budget is untouched.
+
+    A complete run that breaks the study's constraints is stored as ``infeasible``.
+    """
+    records = [(t.params, t.state, t.metrics) for t in req.trials]
+    return TrialsOut(trials=[TrialOut.from_trial(t)
+                             for t in tuner.import_history(study_id, records)])

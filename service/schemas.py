@@ -1,0 +1,323 @@
+"""Request and response bodies of the API, kept apart from the store's objects.
+
+Responses are built from the store's snapshots by the ``from_*`` constructors, so a change
+in storage never changes the API by accident. A trial's lease token appears only in the
+answer to the worker that leased it (:class:`TrialLeaseOut`), never in a listing.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cubic.store.objects import Study, StudyState, Trial, TrialEvent, TrialState
+
+MAX_LOG_TAIL = 64 * 1024
+
+_PARAMS_EXAMPLE = {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 2, "zero_stage": 1,
+                   "recompute": "selective", "sequence_parallel": True}
+_METRICS_EXAMPLE = {"tokens_per_s": 185601.6, "mfu": 0.60, "peak_memory_gb": 71.2,
+                    "step_time_s": 22.6, "gpu_hours": 2.0}
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _finite(value: Any, path: str = "metrics") -> Any:
+    """Refuse NaN and infinity anywhere in a JSON value (the database refuses them too)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path}: {value} is not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, f"{path}.{i}")
+    return value
+
+
+# -- trials -------------------------------------------------------------------------------
+
+
+class TrialEventOut(BaseModel):
+    """One state transition of a trial."""
+
+    id: int
+    from_state: TrialState | None
+    to_state: TrialState
+    at: datetime
+    worker_id: str | None
+    detail: dict[str, Any]
+
+    @classmethod
+    def from_event(cls, e: TrialEvent) -> TrialEventOut:
+        return cls(id=e.id, from_state=e.from_state, to_state=e.to_state, at=e.at,
+                   worker_id=e.worker_id, detail=e.detail)
+
+
+class TrialOut(BaseModel):
+    """A trial as anyone may see it (without its lease token)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": 17, "study_id": 3, "number": 4, "params": _PARAMS_EXAMPLE, "state": "complete",
+        "source": "strategy", "metrics": _METRICS_EXAMPLE, "predicted": None,
+        "worker_id": "node-a-1234", "lease_deadline": None, "attempt": 1, "retry_of": None,
+        "error": None, "log_tail": "20 steps, tokens_per_s=185601.6",
+        "created_at": "2025-01-01T10:00:00Z", "started_at": "2025-01-01T10:00:01Z",
+        "finished_at": "2025-01-01T10:05:00Z", "events": None,
+    }]})
+
+    id: int
+    study_id: int
+    number: int
+    params: dict[str, Any]
+    state: TrialState
+    source: str
+    metrics: dict[str, Any] | None
+    predicted: dict[str, Any] | None
+    worker_id: str | None
+    lease_deadline: datetime | None
+    attempt: int
+    retry_of: int | None
+    error: str | None
+    log_tail: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    events: list[TrialEventOut] | None = Field(
+        None, description="state transitions, oldest first (only when one trial is asked for)")
+
+    @classmethod
+    def from_trial(cls, t: Trial, events: list[TrialEvent] | None = None) -> TrialOut:
+        return cls(
+            id=t.id, study_id=t.study_id, number=t.number, params=t.params, state=t.state,
+            source=t.source, metrics=t.metrics, predicted=t.predicted, worker_id=t.worker_id,
+            lease_deadline=t.lease_deadline, attempt=t.attempt, retry_of=t.retry_of,
+            error=t.error, log_tail=t.log_tail, created_at=t.created_at,
+            started_at=t.started_at, finished_at=t.finished_at,
+            events=None if events is None else [TrialEventOut.from_event(e) for e in events],
+        )
+
+
+class TrialPage(BaseModel):
+    items: list[TrialOut]
+    total: int = Field(description="trials matching the filter, over all pages")
+    limit: int
+    offset: int
+
+
+class TrialsOut(BaseModel):
+    """Trials created by one request (enqueued configs, imported runs), in order."""
+
+    trials: list[TrialOut]
+
+
+class TrialLeaseOut(BaseModel):
+    """A trial leased to the asking worker, with the token every later call must carry."""
+
+    id: int
+    number: int
+    study_id: int
+    params: dict[str, Any]
+    lease_token: str
+    lease_deadline: datetime
+    attempt: int
+
+    @classmethod
+    def from_trial(cls, t: Trial) -> TrialLeaseOut:
+        assert t.lease_token is not None and t.lease_deadline is not None
+        return cls(id=t.id, number=t.number, study_id=t.study_id, params=t.params,
+                   lease_token=t.lease_token, lease_deadline=t.lease_deadline,
+                   attempt=t.attempt)
+
+
+class LeaseOut(BaseModel):
+    """The trials the worker holds. None and ``study_state`` not ``running``: stop asking."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "trials": [{"id": 17, "number": 4, "study_id": 3, "params": _PARAMS_EXAMPLE,
+                    "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
+                    "lease_deadline": "2025-01-01T10:05:00Z", "attempt": 1}],
+        "study_state": "running",
+    }]})
+
+    trials: list[TrialLeaseOut]
+    study_state: StudyState = Field(
+        description="an empty lease from a running study means: all trials are out, ask "
+                    "again later")
+
+
+class LeaseRequest(_In):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"worker_id": "node-a-1234", "count": 2, "lease_seconds": 600}]})
+
+    worker_id: str = Field(min_length=1, max_length=200,
+                           description="stable id of the worker; asking again with the same "
+                                       "id returns the trials it already holds")
+    count: int = Field(1, ge=1, le=64, description="how many trials the worker can run now")
+    lease_seconds: float | None = Field(
+        None, ge=1, le=86400,
+        description="lease length; keep it alive with heartbeats (default: the server's "
+                    "CUBIC_DEFAULT_LEASE_S, 300 s)")
+
+
+class HeartbeatRequest(_In):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "lease_seconds": 300}]})
+
+    lease_token: str = Field(min_length=1, max_length=200)
+    lease_seconds: float | None = Field(None, ge=1, le=86400,
+                                        description="new lease length, from now")
+
+
+class ReleaseRequest(_In):
+    lease_token: str = Field(min_length=1, max_length=200)
+
+
+class ReportRequest(_In):
+    """How a leased trial ended; repeating the same report with the same token is harmless."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "state": "complete",
+         "metrics": _METRICS_EXAMPLE, "error": None, "log_tail": "step 20/20 ..."},
+        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "state": "infeasible",
+         "metrics": {}, "error": "torch.OutOfMemoryError: CUDA out of memory",
+         "log_tail": None},
+    ]})
+
+    lease_token: str = Field(min_length=1, max_length=200)
+    state: Literal["complete", "infeasible", "failed", "pruned"]
+    metrics: dict[str, Any] = Field(default_factory=dict,
+                                    description="measured metrics; `complete` needs the "
+                                                "study's objective metric(s)")
+    error: str | None = Field(None, max_length=MAX_LOG_TAIL)
+    log_tail: str | None = Field(None, max_length=MAX_LOG_TAIL,
+                                 description="the end of the job's log (64 KiB at most)")
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite_metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _finite(v)
+
+
+class EnqueueRequest(_In):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"configs": [_PARAMS_EXAMPLE]}]})
+
+    configs: list[dict[str, Any]] = Field(
+        min_length=1, max_length=1000,
+        description="configs to run next (today's production config, say); inactive knobs "
+                    "may be left out")
+
+
+class ImportedTrial(_In):
+    params: dict[str, Any]
+    state: Literal["complete", "infeasible", "failed"]
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite_metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _finite(v)
+
+
+class ImportRequest(_In):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"trials": [{"params": _PARAMS_EXAMPLE, "state": "complete",
+                     "metrics": _METRICS_EXAMPLE},
+                    {"params": {**_PARAMS_EXAMPLE, "micro_batch": 8}, "state": "infeasible",
+                     "metrics": {}}]}]})
+
+    trials: list[ImportedTrial] = Field(min_length=1, max_length=10_000,
+                                        description="past runs, stored as finished trials")
+
+
+# -- studies ------------------------------------------------------------------------------
+
+
+class ProgressOut(BaseModel):
+    counts: dict[str, int] = Field(description="trials per state, every state present")
+    max_trials: int
+    best_value: float | None = Field(description="the best objective value so far")
+
+
+class StudyOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": 3, "name": "llama3-8b-h100x16", "state": "running", "workload_kind": "llm",
+        "max_attempts": 3, "spec": {"name": "llama3-8b-h100x16", "objectives": [
+            {"metric": "tokens_per_s", "direction": "maximize"}]},
+        "created_at": "2025-01-01T10:00:00Z", "updated_at": "2025-01-01T10:00:00Z",
+        "progress": {"counts": {"waiting": 0, "running": 4, "complete": 10, "infeasible": 2,
+                                "failed": 0, "pruned": 0},
+                     "max_trials": 64, "best_value": 185601.6},
+    }]})
+
+    id: int
+    name: str
+    state: StudyState
+    workload_kind: str
+    max_attempts: int
+    spec: dict[str, Any] = Field(description="the study as stored, workload and space inlined")
+    created_at: datetime
+    updated_at: datetime
+    progress: ProgressOut | None = Field(None, description="only when one study is asked for")
+
+    @classmethod
+    def from_study(cls, s: Study, progress: ProgressOut | None = None) -> StudyOut:
+        return cls(id=s.id, name=s.name, state=s.state, workload_kind=s.workload_kind,
+                   max_attempts=s.max_attempts, spec=s.spec, created_at=s.created_at,
+                   updated_at=s.updated_at, progress=progress)
+
+
+class StudyPage(BaseModel):
+    items: list[StudyOut]
+    total: int = Field(description="studies matching the filter, over all pages")
+    limit: int
+    offset: int
+
+
+class BestOut(BaseModel):
+    """The best trial that respects the constraints, and its speed-up over the baseline."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "study_id": 3, "metric": "tokens_per_s", "direction": "maximize", "value": 185601.6,
+        "trial": TrialOut.model_config["json_schema_extra"]["examples"][0],  # type: ignore[index]
+        "predicted": None, "baseline_value": 174668.4, "baseline_trial_id": 14,
+        "speedup": 1.063,
+    }]})
+
+    study_id: int
+    metric: str
+    direction: Literal["maximize", "minimize"]
+    value: float
+    trial: TrialOut
+    predicted: dict[str, Any] | None = Field(description="what the proxy model predicted")
+    baseline_value: float | None
+    baseline_trial_id: int | None
+    speedup: float | None = Field(description="times better than the baseline (> 1: faster)")
+
+
+STUDY_SPEC_EXAMPLE: dict[str, Any] = {
+    "name": "llama3-8b-h100x16",
+    "workload": {"preset": "llama3_8b",
+                 "cluster": {"gpu": "h100_sxm", "num_gpus": 16, "gpus_per_node": 8}},
+    "space": "llm_pretrain.yaml",
+    "objective": "tokens_per_s",
+    "constraints": {"memory_headroom": 0.05},
+    "budget": {"max_trials": 64, "max_parallel": 8},
+    "strategy": {"name": "tpe", "seed": 0},
+}
+STUDY_SPEC_YAML_EXAMPLE = """\
+name: llama3-8b-h100x16
+workload:
+  preset: llama3_8b
+  cluster: {gpu: h100_sxm, num_gpus: 16, gpus_per_node: 8}
+space: llm_pretrain.yaml
+objective: tokens_per_s
+budget: {max_trials: 64, max_parallel: 8}
+strategy: {name: tpe, seed: 0}
+"""

@@ -1,0 +1,112 @@
+"""Fixtures of the API tests: the real app over a real, migrated database.
+
+``client`` runs over SQLite and, when ``CUBIC_TEST_DATABASE_URL`` is set, over PostgreSQL
+(the ``db_url`` fixture of :mod:`tests.store.backends`). Jobs are the simulated cluster's,
+with the noise switched off so that results are reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cubic.sim.job import NoiseModel, run_job
+from cubic.store.schema import upgrade
+from cubic.study import ResolvedStudy
+from service.app import create_app
+from service.settings import ServiceSettings
+
+REPO = Path(__file__).resolve().parents[2]
+SPACES = REPO / "search_spaces"
+
+WORKLOAD: dict[str, Any] = {
+    "preset": "llama3_8b",
+    "cluster": {"gpu": "h100_sxm", "num_gpus": 16, "gpus_per_node": 8},
+}
+BASELINE: dict[str, Any] = {
+    "tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "zero_stage": 1, "recompute": "selective",
+    "sequence_parallel": True, "tp_comm_overlap": False, "overlap_grad_reduce": True,
+    "overlap_param_gather": False, "fp8_qkv": False, "fp8_attn_out": False,
+    "fp8_mlp_in": False, "fp8_mlp_out": False, "fp8_lm_head": False,
+}
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    """A small study: Llama-3 8B on 16 H100s, the shipped LLM space, random proposals."""
+    base: dict[str, Any] = {
+        "name": "svc-test",
+        "workload": copy.deepcopy(WORKLOAD),
+        "space": "llm_pretrain.yaml",
+        "objective": "tokens_per_s",
+        "budget": {"max_trials": 6, "max_parallel": 4},
+        "strategy": {"name": "random", "seed": 0},
+    }
+    base.update(overrides)
+    return base
+
+
+def service_settings(url: str, **overrides: Any) -> ServiceSettings:
+    values: dict[str, Any] = {"database_url": url, "reap_interval_s": 0.2,
+                              "spaces_dir": SPACES}
+    values.update(overrides)
+    return ServiceSettings(**values)
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    upgrade(db_url)
+    return db_url
+
+
+@pytest.fixture
+def client(migrated_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(service_settings(migrated_url))) as c:
+        yield c
+
+
+def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
+    resp = client.post("/v1/studies", json=spec(**overrides))
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def simulate(study: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """What a worker reports for ``params``: the body of a report, without the token."""
+    workload = ResolvedStudy.from_stored(study["spec"]).workload
+    out = run_job(workload, params, noise=NoiseModel.off())
+    return {"state": out.state, "metrics": out.metrics, "error": out.error,
+            "log_tail": out.log_tail}
+
+
+def run_study(client: Any, study: dict[str, Any], worker: str = "w", count: int = 2) -> int:
+    """Lease, simulate and report until the study hands out nothing more; trials run."""
+    n = 0
+    while True:
+        resp = client.post(f"/v1/studies/{study['id']}/trials:lease",
+                           json={"worker_id": worker, "count": count})
+        assert resp.status_code == 200, resp.text
+        leased = resp.json()["trials"]
+        if not leased:
+            return n
+        for t in leased:
+            body = {"lease_token": t["lease_token"], **simulate(study, t["params"])}
+            r = client.post(f"/v1/trials/{t['id']}:report", json=body)
+            assert r.status_code == 200, r.text
+            n += 1
+
+
+def assert_error(resp: Any, status: int, kind: str, field: str | None = None) -> dict[str, Any]:
+    """The uniform error body: status, ``type`` and (when given) ``field``."""
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["type"] == kind, body
+    assert isinstance(body["detail"], str) and body["detail"]
+    if field is not None:
+        assert body["field"] == field, body
+        assert field in body["detail"], body
+    return body

@@ -1,0 +1,143 @@
+"""Probes, metrics, settings and the API description."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cubic.errors import InvalidInput
+from cubic.store.schema import downgrade
+from service.app import create_app
+from service.metrics import Counter, Histogram, observe_proxy_fit
+from service.settings import ServiceSettings
+from tests.service.conftest import assert_error, create, run_study, service_settings
+
+_SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})?'
+    r' (?P<value>[-+]?(?:[0-9.]+(?:e[-+]?[0-9]+)?|Inf|NaN))$'
+)
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """Check every line of a Prometheus text page; samples keyed by ``name{labels}``."""
+    assert text.endswith("\n")
+    samples: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge", "histogram"), line
+            assert name not in types, f"{name} declared twice"
+            types[name] = kind
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a valid sample line: {line!r}"
+        family = re.sub(r"_(bucket|sum|count)$", "", m["name"])
+        assert m["name"] in types or family in types, f"{line!r} has no TYPE"
+        key = m["name"] + ("{" + m["labels"] + "}" if m["labels"] else "")
+        samples[key] = float(m["value"].replace("Inf", "inf"))
+    return samples
+
+
+def test_metrics_after_leases_and_reports(client: TestClient) -> None:
+    study = create(client)
+    before = parse_exposition(client.get("/metrics").text)
+    run_study(client, study)
+    observe_proxy_fit(0.3)
+    resp = client.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    after = parse_exposition(resp.text)
+
+    for name in ("cubic_lease_latency_seconds", "cubic_report_latency_seconds"):
+        grown = after[f"{name}_count"] - before[f"{name}_count"]
+        assert grown >= 3, name
+        assert after[f'{name}_bucket{{le="+Inf"}}'] == after[f"{name}_count"]
+        assert after[f"{name}_sum"] > 0
+    assert after["cubic_proxy_fit_seconds_count"] >= 1
+    assert after['cubic_proxy_fit_seconds_bucket{le="0.5"}'] >= 1
+    assert after['cubic_studies{state="completed"}'] == 1
+    # Trial gauges cover live studies only; a new running study shows all its states.
+    sid = create(client)["id"]
+    client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w", "count": 2})
+    live = parse_exposition(client.get("/metrics").text)
+    assert live[f'cubic_trials{{study="{sid}",state="running"}}'] == 2
+    assert live[f'cubic_trials{{study="{sid}",state="complete"}}'] == 0
+    assert not any(f'study="{study["id"]}"' in k for k in live)
+
+
+def test_histogram_and_counter_exposition() -> None:
+    h = Histogram("x_seconds", "help", buckets=(0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 7.0):
+        h.observe(v)
+    c = Counter("y_total", "help")
+    c.inc(2, kind='a"b\\c\nd')
+    text = "\n".join(h.expose() + c.expose()) + "\n"
+    samples = parse_exposition(text)
+    assert samples['x_seconds_bucket{le="0.1"}'] == 2
+    assert samples['x_seconds_bucket{le="1"}'] == 3
+    assert samples['x_seconds_bucket{le="+Inf"}'] == samples["x_seconds_count"] == 4
+    assert samples["x_seconds_sum"] == pytest.approx(7.65)
+    assert samples['y_total{kind="a\\"b\\\\c\\nd"}'] == 2
+    with pytest.raises(ValueError):
+        c.inc(-1)
+
+
+def test_readyz_is_503_when_the_schema_goes_away(migrated_url: str) -> None:
+    with TestClient(create_app(service_settings(migrated_url))) as client:
+        assert client.get("/readyz").json() == {"status": "ready"}
+        downgrade(migrated_url, "base")
+        body = assert_error(client.get("/readyz"), 503, "SchemaOutOfDate")
+        assert "cubic db upgrade" in body["detail"]
+        assert client.get("/readyz").headers["retry-after"] == "1"
+        assert client.get("/healthz").json() == {"status": "ok"}  # the process is still up
+
+
+def test_the_app_refuses_to_start_on_an_unmigrated_database(db_url: str) -> None:
+    with pytest.raises(Exception, match="cubic db upgrade"), \
+            TestClient(create_app(service_settings(db_url))):
+        pass
+
+
+def test_settings_come_from_the_environment_and_validate(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setenv("CUBIC_DATABASE_URL", "sqlite:///elsewhere.db")
+    monkeypatch.setenv("CUBIC_REAP_INTERVAL_S", "2.5")
+    s = ServiceSettings.from_env()
+    assert (s.database_url, s.reap_interval_s, s.default_lease_s, s.max_page_size) == \
+        ("sqlite:///elsewhere.db", 2.5, 300.0, 500)
+    monkeypatch.setenv("CUBIC_REAP_INTERVAL_S", "0")
+    monkeypatch.setenv("CUBIC_MAX_PAGE_SIZE", "lots")
+    with pytest.raises(InvalidInput, match="CUBIC_REAP_INTERVAL_S") as info:
+        create_app()
+    assert "CUBIC_MAX_PAGE_SIZE" in str(info.value)
+    monkeypatch.delenv("CUBIC_REAP_INTERVAL_S")
+    monkeypatch.delenv("CUBIC_MAX_PAGE_SIZE")
+    monkeypatch.setenv("CUBIC_DATABASE_URL", "mysql://x")
+    with pytest.raises(InvalidInput, match="CUBIC_DATABASE_URL"):
+        ServiceSettings.from_env()
+
+
+def test_openapi_documents_every_route_with_examples(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    paths = set(doc["paths"])
+    for p in ("/v1/studies", "/v1/studies/{study_id}", "/v1/studies/{study_id}:pause",
+              "/v1/studies/{study_id}:resume", "/v1/studies/{study_id}:stop",
+              "/v1/studies/{study_id}:archive", "/v1/studies/{study_id}/best",
+              "/v1/studies/{study_id}/trials", "/v1/trials/{trial_id}",
+              "/v1/studies/{study_id}/trials:lease", "/v1/trials/{trial_id}:heartbeat",
+              "/v1/trials/{trial_id}:report", "/v1/trials/{trial_id}:release",
+              "/v1/studies/{study_id}/trials:enqueue", "/v1/studies/{study_id}/trials:import",
+              "/healthz", "/readyz", "/metrics"):
+        assert p in paths, p
+    create_body = doc["paths"]["/v1/studies"]["post"]["requestBody"]["content"]
+    assert {"application/json", "application/yaml"} <= set(create_body)
+    schemas = doc["components"]["schemas"]
+    for name in ("LeaseRequest", "ReportRequest", "LeaseOut", "StudyOut", "BestOut"):
+        assert schemas[name].get("examples"), name
