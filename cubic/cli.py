@@ -394,6 +394,33 @@ def worker(
     console.print(f"worker {w.worker_id}: reported {n} trials")
 
 
+@bench_app.callback(invoke_without_command=True)
+def bench_search_cmd(
+    ctx: typer.Context,
+    studies: Annotated[list[Path] | None, typer.Option(
+        "--studies", help="study files or folders (default: search_spaces/bench/)")] = None,
+    strategies: Annotated[str, typer.Option(help="comma-separated strategy names")]
+    = "cubic,tpe,random",
+    seeds: Annotated[str, typer.Option(help="seeds: 0-4 or 0,2,7")] = "0-4",
+    workers: Annotated[int, typer.Option(min=1, help="parallel workers")] = 8,
+    budget: Annotated[int, typer.Option(min=1, help="trials per run")] = 64,
+    transfer: Annotated[bool, typer.Option(help="give strategies the other studies' "
+                                                "history")] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")]
+    = None,
+    plot: Annotated[Path | None, typer.Option(help="convergence plot (PNG)")]
+    = Path("bench_convergence.png"),
+) -> None:
+    """Search efficiency: strategies x studies x seeds on the simulated cluster."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from cubic.bench.search import bench_search
+
+    bench_search(studies=studies or None, strategies=strategies, seeds=seeds, workers=workers,
+                 budget=budget, json_out=json_out, plot_out=plot, transfer=transfer,
+                 console=console)
+
+
 @bench_app.command("service")
 def bench_service_cmd(
     pg: Annotated[str | None, typer.Option(envvar="CUBIC_BENCH_DATABASE_URL",
