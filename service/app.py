@@ -77,8 +77,7 @@ async def reap_forever(tuner: Tuner, interval_s: float) -> None:
             continue
         if reaped:
             REAPED.inc(len(reaped))
-            log.info("reaped %d expired lease(s): trials %s", len(reaped),
-                     [t.id for t in reaped])
+            log.info("reaped %d expired lease(s): trials %s", len(reaped), [t.id for t in reaped])
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -92,8 +91,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = config
         app.state.store = store
         app.state.tuner = tuner
-        reaper = asyncio.create_task(reap_forever(tuner, config.reap_interval_s),
-                                     name="cubic-reaper")
+        reaper = asyncio.create_task(
+            reap_forever(tuner, config.reap_interval_s), name="cubic-reaper"
+        )
         try:
             yield
         finally:

@@ -48,8 +48,7 @@ async def get_page(
 ) -> Page:
     """``limit``/``offset``; a limit above the server's maximum is refused, not cut short."""
     if limit > settings.max_page_size:
-        raise InvalidInput(f"limit: at most {settings.max_page_size} items per page",
-                           field="limit")
+        raise InvalidInput(f"limit: at most {settings.max_page_size} items per page", field="limit")
     return Page(limit, offset)
 
 

@@ -47,39 +47,51 @@ async def _cubic_error(request: Request, exc: Exception) -> JSONResponse:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
     return JSONResponse(
         error_body(str(exc), getattr(exc, "field", None), type(exc).__name__),
-        status_code=exc.status_code, headers=headers,
+        status_code=exc.status_code,
+        headers=headers,
     )
 
 
 async def _input_error(request: Request, exc: Exception) -> JSONResponse:
     """Errors of a space, workload or hardware description: the input is at fault (422)."""
-    return JSONResponse(error_body(str(exc), None, type(exc).__name__),
-                        status_code=InvalidInput.status_code)
+    return JSONResponse(
+        error_body(str(exc), None, type(exc).__name__), status_code=InvalidInput.status_code
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in exc.errors()]  # the rejected input is left out: it may be large
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]  # the rejected input is left out: it may be large
     fields = [field_path(e["loc"]) for e in errors]
     detail = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, errors, strict=True))
     return JSONResponse(
-        error_body(detail or "invalid request", fields[0] if fields else None,
-                   "RequestValidationError", errors=errors),
+        error_body(
+            detail or "invalid request",
+            fields[0] if fields else None,
+            "RequestValidationError",
+            errors=errors,
+        ),
         status_code=422,
     )
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return JSONResponse(error_body(str(exc.detail), None, "HTTPException"),
-                        status_code=exc.status_code, headers=exc.headers)
+    return JSONResponse(
+        error_body(str(exc.detail), None, "HTTPException"),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("%s %s failed", request.method, request.url.path)
-    return JSONResponse(error_body("internal server error", None, type(exc).__name__),
-                        status_code=500)
+    return JSONResponse(
+        error_body("internal server error", None, type(exc).__name__), status_code=500
+    )
 
 
 def install(app: FastAPI) -> None:

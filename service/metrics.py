@@ -41,8 +41,9 @@ def format_value(value: float) -> str:
 class Histogram:
     """Cumulative buckets, a sum and a count; ``observe`` is safe from any thread."""
 
-    def __init__(self, name: str, help_text: str,
-                 buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
+    def __init__(
+        self, name: str, help_text: str, buckets: Sequence[float] = LATENCY_BUCKETS
+    ) -> None:
         if list(buckets) != sorted(buckets) or not buckets:
             raise ValueError("buckets must be a non-empty increasing sequence")
         self.name = name
@@ -111,8 +112,9 @@ class Counter:
         with self._lock:
             values = dict(self._values) or {(): 0.0}
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        lines += [f"{self.name}{format_labels(k)} {format_value(v)}"
-                  for k, v in sorted(values.items())]
+        lines += [
+            f"{self.name}{format_labels(k)} {format_value(v)}" for k, v in sorted(values.items())
+        ]
         return lines
 
 
@@ -123,17 +125,22 @@ def gauge(name: str, help_text: str, samples: Iterable[tuple[Labels, float]]) ->
     return lines
 
 
-LEASE_LATENCY = Histogram("cubic_lease_latency_seconds",
-                          "Time to answer a lease request, proposals included.")
-REPORT_LATENCY = Histogram("cubic_report_latency_seconds",
-                           "Time to record a trial's reported outcome.")
+LEASE_LATENCY = Histogram(
+    "cubic_lease_latency_seconds", "Time to answer a lease request, proposals included."
+)
+REPORT_LATENCY = Histogram(
+    "cubic_report_latency_seconds", "Time to record a trial's reported outcome."
+)
 PROXY_FIT = Histogram("cubic_proxy_fit_seconds", "Time to fit a proxy model.", FIT_BUCKETS)
-REAPED = Counter("cubic_reaped_trials_total",
-                 "Trials whose lease expired and that were failed by the reaper.")
-REPORTS = Counter("cubic_reports_total", "Trial outcomes reported, by state.")
+REAPED = Counter(
+    "cubic_reaped_trials_total", "Trials whose lease expired and that were failed by the reaper."
+)
 
 PROCESS_METRICS: tuple[Histogram | Counter, ...] = (
-    LEASE_LATENCY, REPORT_LATENCY, PROXY_FIT, REAPED, REPORTS,
+    LEASE_LATENCY,
+    REPORT_LATENCY,
+    PROXY_FIT,
+    REAPED,
 )
 
 

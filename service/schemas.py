@@ -17,10 +17,22 @@ from cubic.store.objects import Study, StudyState, Trial, TrialEvent, TrialState
 
 MAX_LOG_TAIL = 64 * 1024
 
-_PARAMS_EXAMPLE = {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 2, "zero_stage": 1,
-                   "recompute": "selective", "sequence_parallel": True}
-_METRICS_EXAMPLE = {"tokens_per_s": 185601.6, "mfu": 0.60, "peak_memory_gb": 71.2,
-                    "step_time_s": 22.6, "gpu_hours": 2.0}
+_PARAMS_EXAMPLE = {
+    "tp": 2,
+    "pp": 1,
+    "cp": 1,
+    "micro_batch": 2,
+    "zero_stage": 1,
+    "recompute": "selective",
+    "sequence_parallel": True,
+}
+_METRICS_EXAMPLE = {
+    "tokens_per_s": 185601.6,
+    "mfu": 0.60,
+    "peak_memory_gb": 71.2,
+    "step_time_s": 22.6,
+    "gpu_hours": 2.0,
+}
 
 
 class _In(BaseModel):
@@ -55,21 +67,45 @@ class TrialEventOut(BaseModel):
 
     @classmethod
     def from_event(cls, e: TrialEvent) -> TrialEventOut:
-        return cls(id=e.id, from_state=e.from_state, to_state=e.to_state, at=e.at,
-                   worker_id=e.worker_id, detail=e.detail)
+        return cls(
+            id=e.id,
+            from_state=e.from_state,
+            to_state=e.to_state,
+            at=e.at,
+            worker_id=e.worker_id,
+            detail=e.detail,
+        )
 
 
 class TrialOut(BaseModel):
     """A trial as anyone may see it (without its lease token)."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "id": 17, "study_id": 3, "number": 4, "params": _PARAMS_EXAMPLE, "state": "complete",
-        "source": "strategy", "metrics": _METRICS_EXAMPLE, "predicted": None,
-        "worker_id": "node-a-1234", "lease_deadline": None, "attempt": 1, "retry_of": None,
-        "error": None, "log_tail": "20 steps, tokens_per_s=185601.6",
-        "created_at": "2025-01-01T10:00:00Z", "started_at": "2025-01-01T10:00:01Z",
-        "finished_at": "2025-01-01T10:05:00Z", "events": None,
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 17,
+                    "study_id": 3,
+                    "number": 4,
+                    "params": _PARAMS_EXAMPLE,
+                    "state": "complete",
+                    "source": "strategy",
+                    "metrics": _METRICS_EXAMPLE,
+                    "predicted": None,
+                    "worker_id": "node-a-1234",
+                    "lease_deadline": None,
+                    "attempt": 1,
+                    "retry_of": None,
+                    "error": None,
+                    "log_tail": "20 steps, tokens_per_s=185601.6",
+                    "created_at": "2025-01-01T10:00:00Z",
+                    "started_at": "2025-01-01T10:00:01Z",
+                    "finished_at": "2025-01-01T10:05:00Z",
+                    "events": None,
+                }
+            ]
+        }
+    )
 
     id: int
     study_id: int
@@ -89,16 +125,29 @@ class TrialOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     events: list[TrialEventOut] | None = Field(
-        None, description="state transitions, oldest first (only when one trial is asked for)")
+        None, description="state transitions, oldest first (only when one trial is asked for)"
+    )
 
     @classmethod
     def from_trial(cls, t: Trial, events: list[TrialEvent] | None = None) -> TrialOut:
         return cls(
-            id=t.id, study_id=t.study_id, number=t.number, params=t.params, state=t.state,
-            source=t.source, metrics=t.metrics, predicted=t.predicted, worker_id=t.worker_id,
-            lease_deadline=t.lease_deadline, attempt=t.attempt, retry_of=t.retry_of,
-            error=t.error, log_tail=t.log_tail, created_at=t.created_at,
-            started_at=t.started_at, finished_at=t.finished_at,
+            id=t.id,
+            study_id=t.study_id,
+            number=t.number,
+            params=t.params,
+            state=t.state,
+            source=t.source,
+            metrics=t.metrics,
+            predicted=t.predicted,
+            worker_id=t.worker_id,
+            lease_deadline=t.lease_deadline,
+            attempt=t.attempt,
+            retry_of=t.retry_of,
+            error=t.error,
+            log_tail=t.log_tail,
+            created_at=t.created_at,
+            started_at=t.started_at,
+            finished_at=t.finished_at,
             events=None if events is None else [TrialEventOut.from_event(e) for e in events],
         )
 
@@ -130,48 +179,83 @@ class TrialLeaseOut(BaseModel):
     @classmethod
     def from_trial(cls, t: Trial) -> TrialLeaseOut:
         assert t.lease_token is not None and t.lease_deadline is not None
-        return cls(id=t.id, number=t.number, study_id=t.study_id, params=t.params,
-                   lease_token=t.lease_token, lease_deadline=t.lease_deadline,
-                   attempt=t.attempt)
+        return cls(
+            id=t.id,
+            number=t.number,
+            study_id=t.study_id,
+            params=t.params,
+            lease_token=t.lease_token,
+            lease_deadline=t.lease_deadline,
+            attempt=t.attempt,
+        )
 
 
 class LeaseOut(BaseModel):
     """The trials the worker holds. None and ``study_state`` not ``running``: stop asking."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "trials": [{"id": 17, "number": 4, "study_id": 3, "params": _PARAMS_EXAMPLE,
-                    "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
-                    "lease_deadline": "2025-01-01T10:05:00Z", "attempt": 1}],
-        "study_state": "running",
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "trials": [
+                        {
+                            "id": 17,
+                            "number": 4,
+                            "study_id": 3,
+                            "params": _PARAMS_EXAMPLE,
+                            "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
+                            "lease_deadline": "2025-01-01T10:05:00Z",
+                            "attempt": 1,
+                        }
+                    ],
+                    "study_state": "running",
+                }
+            ]
+        }
+    )
 
     trials: list[TrialLeaseOut]
     study_state: StudyState = Field(
-        description="an empty lease from a running study means: all trials are out, ask "
-                    "again later")
+        description="an empty lease from a running study means: all trials are out, ask again later"
+    )
 
 
 class LeaseRequest(_In):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"worker_id": "node-a-1234", "count": 2, "lease_seconds": 600}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"worker_id": "node-a-1234", "count": 2, "lease_seconds": 600}]
+        },
+    )
 
-    worker_id: str = Field(min_length=1, max_length=200,
-                           description="stable id of the worker; asking again with the same "
-                                       "id returns the trials it already holds")
+    worker_id: str = Field(
+        min_length=1,
+        max_length=200,
+        description="stable id of the worker; asking again with the same "
+        "id returns the trials it already holds",
+    )
     count: int = Field(1, ge=1, le=64, description="how many trials the worker can run now")
     lease_seconds: float | None = Field(
-        None, ge=1, le=86400,
+        None,
+        ge=1,
+        le=86400,
         description="lease length; keep it alive with heartbeats (default: the server's "
-                    "CUBIC_DEFAULT_LEASE_S, 300 s)")
+        "CUBIC_DEFAULT_LEASE_S, 300 s)",
+    )
 
 
 class HeartbeatRequest(_In):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "lease_seconds": 300}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "lease_seconds": 300}]
+        },
+    )
 
     lease_token: str = Field(min_length=1, max_length=200)
-    lease_seconds: float | None = Field(None, ge=1, le=86400,
-                                        description="new lease length, from now")
+    lease_seconds: float | None = Field(
+        None, ge=1, le=86400, description="new lease length, from now"
+    )
 
 
 class ReleaseRequest(_In):
@@ -181,22 +265,38 @@ class ReleaseRequest(_In):
 class ReportRequest(_In):
     """How a leased trial ended; repeating the same report with the same token is harmless."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "state": "complete",
-         "metrics": _METRICS_EXAMPLE, "error": None, "log_tail": "step 20/20 ..."},
-        {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "state": "infeasible",
-         "metrics": {}, "error": "torch.OutOfMemoryError: CUDA out of memory",
-         "log_tail": None},
-    ]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
+                    "state": "complete",
+                    "metrics": _METRICS_EXAMPLE,
+                    "error": None,
+                    "log_tail": "step 20/20 ...",
+                },
+                {
+                    "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
+                    "state": "infeasible",
+                    "metrics": {},
+                    "error": "torch.OutOfMemoryError: CUDA out of memory",
+                    "log_tail": None,
+                },
+            ]
+        },
+    )
 
     lease_token: str = Field(min_length=1, max_length=200)
     state: Literal["complete", "infeasible", "failed", "pruned"]
-    metrics: dict[str, Any] = Field(default_factory=dict,
-                                    description="measured metrics; `complete` needs the "
-                                                "study's objective metric(s)")
+    metrics: dict[str, Any] = Field(
+        default_factory=dict,
+        description="measured metrics; `complete` needs the study's objective metric(s)",
+    )
     error: str | None = Field(None, max_length=MAX_LOG_TAIL)
-    log_tail: str | None = Field(None, max_length=MAX_LOG_TAIL,
-                                 description="the end of the job's log (64 KiB at most)")
+    log_tail: str | None = Field(
+        None, max_length=MAX_LOG_TAIL, description="the end of the job's log (64 KiB at most)"
+    )
 
     @field_validator("metrics")
     @classmethod
@@ -205,13 +305,16 @@ class ReportRequest(_In):
 
 
 class EnqueueRequest(_In):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"configs": [_PARAMS_EXAMPLE]}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"configs": [_PARAMS_EXAMPLE]}]}
+    )
 
     configs: list[dict[str, Any]] = Field(
-        min_length=1, max_length=1000,
+        min_length=1,
+        max_length=1000,
         description="configs to run next (today's production config, say); inactive knobs "
-                    "may be left out")
+        "may be left out",
+    )
 
 
 class ImportedTrial(_In):
@@ -226,14 +329,31 @@ class ImportedTrial(_In):
 
 
 class ImportRequest(_In):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"trials": [{"params": _PARAMS_EXAMPLE, "state": "complete",
-                     "metrics": _METRICS_EXAMPLE},
-                    {"params": {**_PARAMS_EXAMPLE, "micro_batch": 8}, "state": "infeasible",
-                     "metrics": {}}]}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "trials": [
+                        {
+                            "params": _PARAMS_EXAMPLE,
+                            "state": "complete",
+                            "metrics": _METRICS_EXAMPLE,
+                        },
+                        {
+                            "params": {**_PARAMS_EXAMPLE, "micro_batch": 8},
+                            "state": "infeasible",
+                            "metrics": {},
+                        },
+                    ]
+                }
+            ]
+        },
+    )
 
-    trials: list[ImportedTrial] = Field(min_length=1, max_length=10_000,
-                                        description="past runs, stored as finished trials")
+    trials: list[ImportedTrial] = Field(
+        min_length=1, max_length=10_000, description="past runs, stored as finished trials"
+    )
 
 
 # -- studies ------------------------------------------------------------------------------
@@ -246,15 +366,37 @@ class ProgressOut(BaseModel):
 
 
 class StudyOut(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "id": 3, "name": "llama3-8b-h100x16", "state": "running", "workload_kind": "llm",
-        "max_attempts": 3, "spec": {"name": "llama3-8b-h100x16", "objectives": [
-            {"metric": "tokens_per_s", "direction": "maximize"}]},
-        "created_at": "2025-01-01T10:00:00Z", "updated_at": "2025-01-01T10:00:00Z",
-        "progress": {"counts": {"waiting": 0, "running": 4, "complete": 10, "infeasible": 2,
-                                "failed": 0, "pruned": 0},
-                     "max_trials": 64, "best_value": 185601.6},
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 3,
+                    "name": "llama3-8b-h100x16",
+                    "state": "running",
+                    "workload_kind": "llm",
+                    "max_attempts": 3,
+                    "spec": {
+                        "name": "llama3-8b-h100x16",
+                        "objectives": [{"metric": "tokens_per_s", "direction": "maximize"}],
+                    },
+                    "created_at": "2025-01-01T10:00:00Z",
+                    "updated_at": "2025-01-01T10:00:00Z",
+                    "progress": {
+                        "counts": {
+                            "waiting": 0,
+                            "running": 4,
+                            "complete": 10,
+                            "infeasible": 2,
+                            "failed": 0,
+                            "pruned": 0,
+                        },
+                        "max_trials": 64,
+                        "best_value": 185601.6,
+                    },
+                }
+            ]
+        }
+    )
 
     id: int
     name: str
@@ -268,9 +410,17 @@ class StudyOut(BaseModel):
 
     @classmethod
     def from_study(cls, s: Study, progress: ProgressOut | None = None) -> StudyOut:
-        return cls(id=s.id, name=s.name, state=s.state, workload_kind=s.workload_kind,
-                   max_attempts=s.max_attempts, spec=s.spec, created_at=s.created_at,
-                   updated_at=s.updated_at, progress=progress)
+        return cls(
+            id=s.id,
+            name=s.name,
+            state=s.state,
+            workload_kind=s.workload_kind,
+            max_attempts=s.max_attempts,
+            spec=s.spec,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            progress=progress,
+        )
 
 
 class StudyPage(BaseModel):
@@ -283,12 +433,23 @@ class StudyPage(BaseModel):
 class BestOut(BaseModel):
     """The best trial that respects the constraints, and its speed-up over the baseline."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{
-        "study_id": 3, "metric": "tokens_per_s", "direction": "maximize", "value": 185601.6,
-        "trial": TrialOut.model_config["json_schema_extra"]["examples"][0],  # type: ignore[index]
-        "predicted": None, "baseline_value": 174668.4, "baseline_trial_id": 14,
-        "speedup": 1.063,
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "study_id": 3,
+                    "metric": "tokens_per_s",
+                    "direction": "maximize",
+                    "value": 185601.6,
+                    "trial": TrialOut.model_config["json_schema_extra"]["examples"][0],  # type: ignore[index]
+                    "predicted": None,
+                    "baseline_value": 174668.4,
+                    "baseline_trial_id": 14,
+                    "speedup": 1.063,
+                }
+            ]
+        }
+    )
 
     study_id: int
     metric: str
@@ -303,8 +464,10 @@ class BestOut(BaseModel):
 
 STUDY_SPEC_EXAMPLE: dict[str, Any] = {
     "name": "llama3-8b-h100x16",
-    "workload": {"preset": "llama3_8b",
-                 "cluster": {"gpu": "h100_sxm", "num_gpus": 16, "gpus_per_node": 8}},
+    "workload": {
+        "preset": "llama3_8b",
+        "cluster": {"gpu": "h100_sxm", "num_gpus": 16, "gpus_per_node": 8},
+    },
     "space": "llm_pretrain.yaml",
     "objective": "tokens_per_s",
     "constraints": {"memory_headroom": 0.05},

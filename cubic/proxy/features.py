@@ -7,11 +7,14 @@ across models, GPUs and cluster sizes. Three groups of columns:
 
 * the knobs: log2 of parallel degrees and sizes, one-hot string choices, booleans as 0/1;
 * the workload: model shape, cluster size and the GPU's published peaks and bandwidths;
-* bookkeeping derived from both with a few lines of arithmetic each (bytes per GPU, bytes
-  moved per step, FLOPs per GPU, the pipeline bubble). They are counts, not a performance
-  model: no efficiencies, no overlap, nothing fitted. They let trees split on the
-  quantities an engineer reasons with ("does it fit?", "how much goes over the NIC?")
-  instead of rediscovering products of knobs from a few hundred trials.
+* bookkeeping derived from both with a few lines of arithmetic each (bytes per GPU against
+  HBM, bytes moved per step per parallel dimension, FLOPs per GPU, the pipeline bubble) and
+  the roofline they imply: the throughput if every GEMM ran at peak and every transfer ran
+  at link speed, hidden only where the configuration asks for overlap. These are counts
+  and published peaks, not a performance model: no efficiency is assumed and nothing is
+  fitted. They let trees split on the quantities an engineer reasons with ("does it
+  fit?", "how much goes over the NIC?") instead of rediscovering products of knobs from a
+  few dozen trials.
 
 Knobs a configuration leaves out (or sets to None) take :data:`LLM_DEFAULTS` or
 :data:`DLRM_DEFAULTS`; an unknown string value gets an all-zero one-hot.
@@ -60,8 +63,9 @@ TABLE_CLASSES = ("large", "medium", "small")
 LARGE_ROWS, MEDIUM_ROWS = 1_000_000, 10_000
 #: TorchRec's column-wise shard width.
 CW_SHARD_DIM = 32
-#: Optimizer state bytes per parameter: fp32 master weights plus moments (ZeRO paper).
-OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 4.0}
+#: Optimizer state bytes per parameter: fp32 master weights plus moments (ZeRO paper; SGD
+#: with momentum).
+OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 8.0}
 #: Sparse optimizer state bytes per embedding element (row-wise Adagrad: one per row, ~0).
 EMB_STATE_BYTES = {"adam": 8.0, "adagrad": 4.0, "rowwise_adagrad": 0.0, "sgd": 0.0}
 #: Column the models learn relative to: log of the roofline throughput (below). Learning
@@ -286,15 +290,16 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     # Activations per layer per micro-batch (Korthikanti et al. 2022 with flash attention):
     # 34 s b h / t bytes with sequence parallelism, s b h (10 + 24 / t) without; full
     # recompute keeps only the layer input, 2 s b h (/ t with sequence parallelism).
-    per_token = np.where(sp > 0, 34.0 * h / tp, h * (10.0 + 24.0 / tp))
-    per_token = np.where(full > 0, 2.0 * h / np.where(sp > 0, tp, 1.0), per_token)
+    layer_token = np.where(sp > 0, 34.0 * h / tp, h * (10.0 + 24.0 / tp))
+    per_token = np.where(full > 0, 2.0 * h / np.where(sp > 0, tp, 1.0), layer_token)
     act_mb = tokens * per_token * layers_rank
     # The first stage holds min(pp, m) micro-batches (1F1B); interleaving adds
     # (pp - 1) / (pp vp) of a stage's layers (Narayanan et al. SC21).
     in_flight = np.where(vp > 1, np.minimum(micro, pp) * (1.0 + (pp - 1.0) / (pp * vp)),
                          np.minimum(micro, pp))
     logits = 6.0 * tokens * V / tp  # bf16 logits and their fp32 copy at the loss
-    act_peak = act_mb * in_flight + np.where(full > 0, tokens * per_token, 0.0)
+    # Full recompute rebuilds one layer's activations at a time during the backward pass.
+    act_peak = act_mb * in_flight + np.where(full > 0, tokens * layer_token, 0.0)
     memory = state + act_peak + logits
     hbm = g.hbm_bytes
 

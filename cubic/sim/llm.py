@@ -48,37 +48,35 @@ from cubic.workload import LLM, Cluster, Training, Workload
 # Calibrated constants (one set for every GPU and source).
 # ---------------------------------------------------------------------------------------------
 #: Largest fraction of dense peak that a big BF16/FP16 GEMM reaches inside a training step.
-GEMM_EFF_MAX = 0.80
+GEMM_EFF_MAX = 0.68
 #: GEMM size (ideal seconds at peak) at which efficiency is half of GEMM_EFF_MAX: small
 #: GEMMs (small micro-batches, high TP) lose to launch latency, tails and wave quantisation.
 GEMM_T_HALF = 2.0e-6
 #: How sharply efficiency saturates with GEMM size: eff = max / (1 + (t_half / t) ** alpha).
-GEMM_ALPHA = 0.6
+GEMM_ALPHA = 0.75
 #: FP8 GEMMs reach a smaller fraction of their (doubled) peak than BF16 ones.
-FP8_GEMM_EFF = 0.80
+FP8_GEMM_EFF = 0.76
 #: Fraction of BF16 peak a fused flash-attention kernel reaches (forward).
-FLASH_EFF = 0.55
+FLASH_EFF = 0.30
 #: Flash attention's backward does 2.5x the forward's FLOPs: it recomputes the scores
 #: (Dao, FlashAttention-2, 2023).
 FLASH_BWD = 2.5
 #: Fraction of HBM bandwidth that element-wise kernels (norms, residuals, activations,
 #: softmax, casts, the optimizer) reach.
-ELEM_BW_EFF = 0.70
-#: Fixed gaps per layer per micro-batch (forward + backward): kernel launches, syncs.
-LAYER_OVERHEAD_S = 30e-6
+ELEM_BW_EFF = 0.85
 #: Fixed work per optimizer step besides the update itself: data loading, loss and
 #: grad-norm reductions, host synchronisation, logging (published throughputs are end to end).
-STEP_OVERHEAD_S = 0.05
+STEP_OVERHEAD_S = 0.09
 #: With ``tp_comm_overlap`` (userbuffers GEMM/communication overlap), the fraction of the
 #: tensor-parallel traffic hidden behind GEMMs.
 TP_OVERLAP = 0.80
 #: Without it, the fraction of the backward TP collectives Megatron still hides behind the
 #: weight-gradient GEMMs (asynchronous input-gradient all-reduce / all-gather).
-TP_BWD_ASYNC = 0.50
+TP_BWD_ASYNC = 0.90
 #: Fraction of the attention compute behind which context-parallel K/V exchange hides.
-CP_OVERLAP = 0.85
+CP_OVERLAP = 0.80
 #: Fraction of pipeline point-to-point time left on the critical path.
-PP_EXPOSED = 0.5
+PP_EXPOSED = 0.15
 #: Runtime memory besides model state and activations: CUDA context, NCCL buffers,
 #: allocator reserve (bytes), plus fragmentation as a fraction of activations.
 MEM_BASE = 2.5 * 2**30
@@ -95,8 +93,10 @@ ELEM_H = 11.0
 ELEM_SOFTMAX = 4.5
 #: Backward element-wise traffic relative to forward.
 ELEM_BWD = 2.0
-#: Bytes per logit for the fp32 vocab-parallel cross entropy, forward and backward.
-CE_BYTES = 20.0
+#: Bytes per logit moved by Megatron-LM's (unfused) vocab-parallel cross entropy: forward
+#: upcast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), divide (4+4); backward scale
+#: (4+4) and downcast (4+2).
+CE_BYTES = 56.0
 #: Bytes per FP8 GEMM input element for the cast (read 2, write 1) and amax.
 FP8_CAST_BYTES = 3.0
 #: Optimizer step bytes per locally-updated parameter (Adam: read fp32 grad, read/write fp32
@@ -497,8 +497,8 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     # LM head and cross entropy (last stage); embedding look-up (first stage).
     lm_cast = FP8_CAST_BYTES * T * h * site["fp8_lm_head"] * 2.0
     ce = CE_BYTES * T * V / t
-    head_fwd = t_lm + (ce / 3.0 + lm_cast / 2.0 + elem * T * h * 3.0 / h_split) / hbm
-    head_bwd = 2.0 * t_lm + (2.0 * ce / 3.0 + lm_cast / 2.0) / hbm
+    head_fwd = t_lm + (0.75 * ce + lm_cast / 2.0 + elem * T * h * 3.0 / h_split) / hbm
+    head_bwd = 2.0 * t_lm + (0.25 * ce + lm_cast / 2.0) / hbm
 
     # --- tensor-parallel communication ------------------------------------------------------
     bw_t, lat_t = link(gpu, gpn, t, 1.0)
@@ -522,7 +522,7 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
     cp_layer = cp_fwd + cp_bwd + np.where(rc == 2, cp_fwd, 0.0)
 
     # --- per micro-batch time on the slowest pipeline rank ----------------------------------
-    body_compute = Ls * (layer_fwd + layer_bwd + LAYER_OVERHEAD_S)
+    body_compute = Ls * (layer_fwd + layer_bwd)
     head_compute = head_fwd + head_bwd
     body_rc = Ls * layer_rc
     body_tp = Ls * tp_layer
@@ -566,7 +566,7 @@ def simulate_llm(workload: Workload, configs: Mapping[str, Any] | Sequence[Mappi
         return rs, ag, arr_
 
     rs_d, ag_d, ar_d = dp_colls(p_dense, n_dp, bw_d, lat_d)
-    rs_e, ag_e, ar_e = dp_colls(exp_body, n_edp, bw_e, lat_e)
+    rs_e, ag_e, ar_e = dp_colls(exp_body, n_edp, bw_e, lat_e) if moe else (0.0, 0.0, 0.0)
     rs, ag, ar_g = rs_d + rs_e, ag_d + ag_e, ar_d + ar_e
     bucket = np.minimum(1.0, DP_BUCKET_PARAMS / np.maximum(p_rank, 1.0))
     win_bwd = Ls * layer_bwd + head_bwd / p

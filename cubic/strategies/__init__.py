@@ -6,13 +6,15 @@ from typing import Any
 
 from cubic.errors import InvalidInput
 from cubic.strategies.base import Proposal, Strategy, config_key
+from cubic.strategies.cubic import CubicStrategy
 from cubic.strategies.grid import GridStrategy
 from cubic.strategies.samplers import GPStrategy, QMCStrategy, RandomStrategy, TPEStrategy
 from cubic.study import ResolvedStudy
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls
-    for cls in (RandomStrategy, TPEStrategy, GPStrategy, QMCStrategy, GridStrategy)
+    for cls in (RandomStrategy, TPEStrategy, GPStrategy, QMCStrategy, GridStrategy,
+                CubicStrategy)
 }
 
 

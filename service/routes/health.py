@@ -28,8 +28,9 @@ def readyz(store: StoreDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"content": {CONTENT_TYPE: {}}}})
+@router.get(
+    "/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE: {}}}}
+)
 def metrics(store: StoreDep) -> PlainTextResponse:
     """Prometheus text format: this process's latencies and the trial counts per state.
 
@@ -42,9 +43,12 @@ def metrics(store: StoreDep) -> PlainTextResponse:
         for study in store.list_studies(state, limit=None):
             for trial_state, n in store.count_trials(study.id).items():
                 trials.append(((("study", str(study.id)), ("state", trial_state.value)), n))
-    text = exposition([
-        gauge("cubic_studies", "Studies by state.", [((("state", s),), n) for s, n in studies]),
-        gauge("cubic_trials", "Trials of running and paused studies, by study and state.",
-              trials),
-    ])
+    text = exposition(
+        [
+            gauge("cubic_studies", "Studies by state.", [((("state", s),), n) for s, n in studies]),
+            gauge(
+                "cubic_trials", "Trials of running and paused studies, by study and state.", trials
+            ),
+        ]
+    )
     return PlainTextResponse(text, media_type=CONTENT_TYPE)

@@ -41,11 +41,25 @@ async def spec_body(request: Request) -> tuple[bytes, str]:
     return body, media.split(";")[0].strip().lower()
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: nested aliases expand exponentially ("billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "aliases (*name) are not accepted: write the value out",
+                self.peek_event().start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
 def parse_body(body: bytes, media: str) -> Any:
     """A spec document from JSON or YAML text; the error says which and where."""
     if media in YAML_TYPES:
         try:
-            return yaml.safe_load(body)
+            return yaml.load(body, Loader=_NoAliasLoader)  # a SafeLoader: no Python objects
         except yaml.YAMLError as exc:
             raise InvalidInput(f"body: not valid YAML: {exc}", field="body") from exc
     if media in ("application/json", "") or media.endswith("+json"):
@@ -53,8 +67,9 @@ def parse_body(body: bytes, media: str) -> Any:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"body: not valid JSON: {exc}", field="body") from exc
-    raise HTTPException(415, f"unsupported Content-Type {media!r}: send application/json or "
-                             "application/yaml")
+    raise HTTPException(
+        415, f"unsupported Content-Type {media!r}: send application/json or application/yaml"
+    )
 
 
 def spec_base(spec: StudySpec, settings: ServiceSettings) -> Path:
@@ -70,13 +85,19 @@ def spec_base(spec: StudySpec, settings: ServiceSettings) -> Path:
             continue  # inline, or a preset name
         path = Path(ref)
         if path.is_absolute() or ".." in path.parts:
-            raise InvalidInput(f"{name}: {ref!r}: give a path relative to the server's spaces "
-                               "folder, or the content inline", field=name)
+            raise InvalidInput(
+                f"{name}: {ref!r}: give a path relative to the server's spaces "
+                "folder, or the content inline",
+                field=name,
+            )
         if name != "space" or (cwd / path).is_file():
             continue
         if not (spaces / path).is_file():
-            raise InvalidInput(f"space: no file {ref!r} in the server's spaces folder; send "
-                               "the space inline instead", field="space")
+            raise InvalidInput(
+                f"space: no file {ref!r} in the server's spaces folder; send "
+                "the space inline instead",
+                field="space",
+            )
         base = spaces
     return base
 
@@ -85,23 +106,36 @@ _SPEC_OPENAPI = {
     "requestBody": {
         "required": True,
         "description": "The study spec, as in a study file; relative `space:` files are "
-                       "looked up in the server's working directory, then in its spaces "
-                       "folder (`CUBIC_SPACES_DIR`).",
+        "looked up in the server's working directory, then in its spaces "
+        "folder (`CUBIC_SPACES_DIR`).",
         "content": {
-            "application/json": {"schema": StudySpec.model_json_schema(),
-                                 "example": STUDY_SPEC_EXAMPLE},
-            "application/yaml": {"schema": {"type": "string"},
-                                 "example": STUDY_SPEC_YAML_EXAMPLE},
+            "application/json": {
+                "schema": StudySpec.model_json_schema(),
+                "example": STUDY_SPEC_EXAMPLE,
+            },
+            "application/yaml": {"schema": {"type": "string"}, "example": STUDY_SPEC_YAML_EXAMPLE},
         },
     }
 }
 
 
-@router.post("/studies", status_code=201, response_model=StudyOut, openapi_extra=_SPEC_OPENAPI,
-             responses={415: {"description": "neither JSON nor YAML"},
-                        422: {"description": "invalid spec; `field` names the culprit"}})
-def create_study(body: Annotated[tuple[bytes, str], Depends(spec_body)], request: Request,
-                 response: Response, tuner: TunerDep, settings: SettingsDep) -> StudyOut:
+@router.post(
+    "/studies",
+    status_code=201,
+    response_model=StudyOut,
+    openapi_extra=_SPEC_OPENAPI,
+    responses={
+        415: {"description": "neither JSON nor YAML"},
+        422: {"description": "invalid spec; `field` names the culprit"},
+    },
+)
+def create_study(
+    body: Annotated[tuple[bytes, str], Depends(spec_body)],
+    request: Request,
+    response: Response,
+    tuner: TunerDep,
+    settings: SettingsDep,
+) -> StudyOut:
     """Create a study from its spec; its baseline (if any) is queued as the first trial."""
     spec = parse_spec(parse_body(*body), "spec")
     study = tuner.create_study(spec, spec_base(spec, settings))
@@ -110,22 +144,30 @@ def create_study(body: Annotated[tuple[bytes, str], Depends(spec_body)], request
 
 
 @router.get("/studies", response_model=StudyPage)
-def list_studies(store: StoreDep, page: PageDep,
-                 state: Annotated[StudyState | None, Query()] = None,
-                 kind: Annotated[str | None, Query(description="workload kind: llm, dlrm")]
-                 = None) -> StudyPage:
+def list_studies(
+    store: StoreDep,
+    page: PageDep,
+    state: Annotated[StudyState | None, Query()] = None,
+    kind: Annotated[str | None, Query(description="workload kind: llm, dlrm")] = None,
+) -> StudyPage:
     """Studies in creation order."""
     items = store.list_studies(state, kind, limit=page.limit, offset=page.offset)
-    return StudyPage(items=[StudyOut.from_study(s) for s in items],
-                     total=store.count_studies(state, kind), limit=page.limit,
-                     offset=page.offset)
+    return StudyPage(
+        items=[StudyOut.from_study(s) for s in items],
+        total=store.count_studies(state, kind),
+        limit=page.limit,
+        offset=page.offset,
+    )
 
 
 def progress(tuner: Tuner, study_id: int) -> ProgressOut:
     p = tuner.progress(study_id)
     best = tuner.best(study_id)
-    return ProgressOut(counts=p["counts"], max_trials=p["max_trials"],
-                       best_value=None if best is None else best.value)
+    return ProgressOut(
+        counts=p["counts"],
+        max_trials=p["max_trials"],
+        best_value=None if best is None else best.value,
+    )
 
 
 @router.get("/studies/{study_id:int}", response_model=StudyOut)
@@ -166,17 +208,25 @@ def archive_study(study_id: int, tuner: TunerDep) -> StudyOut:
     return _set_state(tuner, study_id, StudyState.ARCHIVED)
 
 
-@router.get("/studies/{study_id:int}/best", response_model=BestOut,
-            responses={404: {"description": "unknown study, or nothing complete yet"}})
+@router.get(
+    "/studies/{study_id:int}/best",
+    response_model=BestOut,
+    responses={404: {"description": "unknown study, or nothing complete yet"}},
+)
 def best(study_id: int, tuner: TunerDep) -> BestOut:
     """The best complete trial that respects the constraints, against the baseline."""
     b = tuner.best(study_id)
     if b is None:
         raise NotFound(f"study {study_id} has no complete trial within its constraints yet")
     objective = tuner.resolved(study_id).spec.objectives[0]
-    return BestOut(study_id=study_id, metric=objective.metric,
-                   direction=objective.direction or "maximize", value=b.value,
-                   trial=TrialOut.from_trial(b.trial), predicted=b.trial.predicted,
-                   baseline_value=b.baseline_value,
-                   baseline_trial_id=None if b.baseline is None else b.baseline.id,
-                   speedup=b.speedup)
+    return BestOut(
+        study_id=study_id,
+        metric=objective.metric,
+        direction=objective.direction or "maximize",
+        value=b.value,
+        trial=TrialOut.from_trial(b.trial),
+        predicted=b.trial.predicted,
+        baseline_value=b.baseline_value,
+        baseline_trial_id=None if b.baseline is None else b.baseline.id,
+        speedup=b.speedup,
+    )

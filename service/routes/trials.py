@@ -27,22 +27,34 @@ from service.schemas import (
 
 router = APIRouter(prefix="/v1", tags=["trials"])
 
-_LEASE_409 = {409: {"description": "the lease is gone (`type: LeaseLost`: expired and reaped, "
-                                   "released, or re-leased) or the trial already finished "
-                                   "differently (`TrialFinished`)"}}
+_LEASE_409 = {
+    409: {
+        "description": "the lease is gone (`type: LeaseLost`: expired and reaped, "
+        "released, or re-leased) or the trial already finished "
+        "differently (`TrialFinished`)"
+    }
+}
 
 
 @router.get("/studies/{study_id:int}/trials", response_model=TrialPage)
-def list_trials(study_id: int, store: StoreDep, page: PageDep,
-                state: Annotated[list[TrialState] | None,
-                                 Query(description="keep these states (repeatable)")] = None
-                ) -> TrialPage:
+def list_trials(
+    study_id: int,
+    store: StoreDep,
+    page: PageDep,
+    state: Annotated[
+        list[TrialState] | None, Query(description="keep these states (repeatable)")
+    ] = None,
+) -> TrialPage:
     """A study's trials in number order."""
     items = store.list_trials(study_id, states=state, limit=page.limit, offset=page.offset)
     counts = store.count_trials(study_id)
     total = sum(n for s, n in counts.items() if state is None or s in state)
-    return TrialPage(items=[TrialOut.from_trial(t) for t in items], total=total,
-                     limit=page.limit, offset=page.offset)
+    return TrialPage(
+        items=[TrialOut.from_trial(t) for t in items],
+        total=total,
+        limit=page.limit,
+        offset=page.offset,
+    )
 
 
 @router.get("/trials/{trial_id:int}", response_model=TrialOut)
@@ -52,8 +64,7 @@ def get_trial(trial_id: int, store: StoreDep) -> TrialOut:
 
 
 @router.post("/studies/{study_id:int}/trials:lease", response_model=LeaseOut)
-def lease(study_id: int, req: LeaseRequest, tuner: TunerDep,
-          settings: SettingsDep) -> LeaseOut:
+def lease(study_id: int, req: LeaseRequest, tuner: TunerDep, settings: SettingsDep) -> LeaseOut:
     """Lease up to ``count`` trials, proposing new ones when none wait.
 
     Idempotent per worker: asking again returns the trials the worker already holds (their
@@ -67,8 +78,9 @@ def lease(study_id: int, req: LeaseRequest, tuner: TunerDep,
 
 
 @router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)
-def heartbeat(trial_id: int, req: HeartbeatRequest, tuner: TunerDep,
-              settings: SettingsDep) -> TrialOut:
+def heartbeat(
+    trial_id: int, req: HeartbeatRequest, tuner: TunerDep, settings: SettingsDep
+) -> TrialOut:
     """Extend a lease to now + ``lease_seconds``."""
     seconds = req.lease_seconds or settings.default_lease_s
     return TrialOut.from_trial(tuner.heartbeat(trial_id, req.lease_token, seconds))
@@ -97,8 +109,7 @@ def release(trial_id: int, req: ReleaseRequest, tuner: TunerDep) -> TrialOut:
 @router.post("/studies/{study_id:int}/trials:enqueue", status_code=201, response_model=TrialsOut)
 def enqueue(study_id: int, req: EnqueueRequest, tuner: TunerDep) -> TrialsOut:
     """Queue configs to run before the strategy's own proposals, checked against the space."""
-    return TrialsOut(trials=[TrialOut.from_trial(t)
-                             for t in tuner.enqueue(study_id, req.configs)])
+    return TrialsOut(trials=[TrialOut.from_trial(t) for t in tuner.enqueue(study_id, req.configs)])
 
 
 @router.post("/studies/{study_id:int}/trials:import", status_code=201, response_model=TrialsOut)
@@ -108,5 +119,6 @@ def import_history(study_id: int, req: ImportRequest, tuner: TunerDep) -> Trials
     A complete run that breaks the study's constraints is stored as ``infeasible``.
     """
     records = [(t.params, t.state, t.metrics) for t in req.trials]
-    return TrialsOut(trials=[TrialOut.from_trial(t)
-                             for t in tuner.import_history(study_id, records)])
+    return TrialsOut(
+        trials=[TrialOut.from_trial(t) for t in tuner.import_history(study_id, records)]
+    )

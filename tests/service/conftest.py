@@ -8,6 +8,7 @@ with the noise switched off so that results are reproducible.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from cubic.sim.job import NoiseModel, run_job
 from cubic.store.schema import upgrade
-from cubic.study import ResolvedStudy
+from cubic.workload import Workload
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -29,10 +30,21 @@ WORKLOAD: dict[str, Any] = {
     "cluster": {"gpu": "h100_sxm", "num_gpus": 16, "gpus_per_node": 8},
 }
 BASELINE: dict[str, Any] = {
-    "tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "zero_stage": 1, "recompute": "selective",
-    "sequence_parallel": True, "tp_comm_overlap": False, "overlap_grad_reduce": True,
-    "overlap_param_gather": False, "fp8_qkv": False, "fp8_attn_out": False,
-    "fp8_mlp_in": False, "fp8_mlp_out": False, "fp8_lm_head": False,
+    "tp": 2,
+    "pp": 1,
+    "cp": 1,
+    "micro_batch": 1,
+    "zero_stage": 1,
+    "recompute": "selective",
+    "sequence_parallel": True,
+    "tp_comm_overlap": False,
+    "overlap_grad_reduce": True,
+    "overlap_param_gather": False,
+    "fp8_qkv": False,
+    "fp8_attn_out": False,
+    "fp8_mlp_in": False,
+    "fp8_mlp_out": False,
+    "fp8_lm_head": False,
 }
 
 
@@ -51,8 +63,7 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def service_settings(url: str, **overrides: Any) -> ServiceSettings:
-    values: dict[str, Any] = {"database_url": url, "reap_interval_s": 0.2,
-                              "spaces_dir": SPACES}
+    values: dict[str, Any] = {"database_url": url, "reap_interval_s": 0.2, "spaces_dir": SPACES}
     values.update(overrides)
     return ServiceSettings(**values)
 
@@ -75,20 +86,30 @@ def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
     return resp.json()
 
 
+_workloads: dict[str, Workload] = {}
+
+
 def simulate(study: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """What a worker reports for ``params``: the body of a report, without the token."""
-    workload = ResolvedStudy.from_stored(study["spec"]).workload
-    out = run_job(workload, params, noise=NoiseModel.off())
-    return {"state": out.state, "metrics": out.metrics, "error": out.error,
-            "log_tail": out.log_tail}
+    key = json.dumps(study["spec"]["workload"], sort_keys=True)
+    if key not in _workloads:
+        _workloads[key] = Workload.from_dict(study["spec"]["workload"])
+    out = run_job(_workloads[key], params, noise=NoiseModel.off())
+    return {
+        "state": out.state,
+        "metrics": out.metrics,
+        "error": out.error,
+        "log_tail": out.log_tail,
+    }
 
 
 def run_study(client: Any, study: dict[str, Any], worker: str = "w", count: int = 2) -> int:
     """Lease, simulate and report until the study hands out nothing more; trials run."""
     n = 0
     while True:
-        resp = client.post(f"/v1/studies/{study['id']}/trials:lease",
-                           json={"worker_id": worker, "count": count})
+        resp = client.post(
+            f"/v1/studies/{study['id']}/trials:lease", json={"worker_id": worker, "count": count}
+        )
         assert resp.status_code == 200, resp.text
         leased = resp.json()["trials"]
         if not leased:

@@ -15,10 +15,10 @@ from service.settings import ServiceSettings
 from tests.service.conftest import assert_error, create, run_study, service_settings
 
 _SAMPLE = re.compile(
-    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
     r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
     r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})?'
-    r' (?P<value>[-+]?(?:[0-9.]+(?:e[-+]?[0-9]+)?|Inf|NaN))$'
+    r" (?P<value>[-+]?(?:[0-9.]+(?:e[-+]?[0-9]+)?|Inf|NaN))$"
 )
 
 
@@ -100,18 +100,23 @@ def test_readyz_is_503_when_the_schema_goes_away(migrated_url: str) -> None:
 
 
 def test_the_app_refuses_to_start_on_an_unmigrated_database(db_url: str) -> None:
-    with pytest.raises(Exception, match="cubic db upgrade"), \
-            TestClient(create_app(service_settings(db_url))):
+    with (
+        pytest.raises(Exception, match="cubic db upgrade"),
+        TestClient(create_app(service_settings(db_url))),
+    ):
         pass
 
 
-def test_settings_come_from_the_environment_and_validate(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_settings_come_from_the_environment_and_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUBIC_DATABASE_URL", "sqlite:///elsewhere.db")
     monkeypatch.setenv("CUBIC_REAP_INTERVAL_S", "2.5")
     s = ServiceSettings.from_env()
-    assert (s.database_url, s.reap_interval_s, s.default_lease_s, s.max_page_size) == \
-        ("sqlite:///elsewhere.db", 2.5, 300.0, 500)
+    assert (s.database_url, s.reap_interval_s, s.default_lease_s, s.max_page_size) == (
+        "sqlite:///elsewhere.db",
+        2.5,
+        300.0,
+        500,
+    )
     monkeypatch.setenv("CUBIC_REAP_INTERVAL_S", "0")
     monkeypatch.setenv("CUBIC_MAX_PAGE_SIZE", "lots")
     with pytest.raises(InvalidInput, match="CUBIC_REAP_INTERVAL_S") as info:
@@ -127,14 +132,26 @@ def test_settings_come_from_the_environment_and_validate(monkeypatch: pytest.Mon
 def test_openapi_documents_every_route_with_examples(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     paths = set(doc["paths"])
-    for p in ("/v1/studies", "/v1/studies/{study_id}", "/v1/studies/{study_id}:pause",
-              "/v1/studies/{study_id}:resume", "/v1/studies/{study_id}:stop",
-              "/v1/studies/{study_id}:archive", "/v1/studies/{study_id}/best",
-              "/v1/studies/{study_id}/trials", "/v1/trials/{trial_id}",
-              "/v1/studies/{study_id}/trials:lease", "/v1/trials/{trial_id}:heartbeat",
-              "/v1/trials/{trial_id}:report", "/v1/trials/{trial_id}:release",
-              "/v1/studies/{study_id}/trials:enqueue", "/v1/studies/{study_id}/trials:import",
-              "/healthz", "/readyz", "/metrics"):
+    for p in (
+        "/v1/studies",
+        "/v1/studies/{study_id}",
+        "/v1/studies/{study_id}:pause",
+        "/v1/studies/{study_id}:resume",
+        "/v1/studies/{study_id}:stop",
+        "/v1/studies/{study_id}:archive",
+        "/v1/studies/{study_id}/best",
+        "/v1/studies/{study_id}/trials",
+        "/v1/trials/{trial_id}",
+        "/v1/studies/{study_id}/trials:lease",
+        "/v1/trials/{trial_id}:heartbeat",
+        "/v1/trials/{trial_id}:report",
+        "/v1/trials/{trial_id}:release",
+        "/v1/studies/{study_id}/trials:enqueue",
+        "/v1/studies/{study_id}/trials:import",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert p in paths, p
     create_body = doc["paths"]["/v1/studies"]["post"]["requestBody"]["content"]
     assert {"application/json", "application/yaml"} <= set(create_body)

@@ -22,9 +22,16 @@ def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None
     got = client.get(resp.headers["location"]).json()
     assert got["id"] == study["id"]
     assert got["progress"] == {
-        "counts": {"waiting": 0, "running": 0, "complete": 0, "infeasible": 0, "failed": 0,
-                   "pruned": 0},
-        "max_trials": 6, "best_value": None,
+        "counts": {
+            "waiting": 0,
+            "running": 0,
+            "complete": 0,
+            "infeasible": 0,
+            "failed": 0,
+            "pruned": 0,
+        },
+        "max_trials": 6,
+        "best_value": None,
     }
 
 
@@ -43,27 +50,71 @@ def test_create_from_yaml(client: TestClient, media: str) -> None:
 def test_invalid_specs_are_422_naming_the_field(client: TestClient) -> None:
     bad = spec(budget={"max_trials": -1})
     assert_error(client.post("/v1/studies", json=bad), 422, "InvalidInput", "budget.max_trials")
-    assert_error(client.post("/v1/studies", json=spec(strategy={"name": "annealing"})),
-                 422, "InvalidInput", "strategy.name")
-    assert_error(client.post("/v1/studies", json=spec(baseline={**BASELINE, "tp": 3})),
-                 422, "InvalidInput", "baseline")
-    assert_error(client.post("/v1/studies", content="name: [unclosed",
-                             headers={"Content-Type": "application/yaml"}),
-                 422, "InvalidInput", "body")
-    assert_error(client.post("/v1/studies", content="{not json",
-                             headers={"Content-Type": "application/json"}),
-                 422, "InvalidInput", "body")
-    assert_error(client.post("/v1/studies", content="- a list", headers={
-        "Content-Type": "application/yaml"}), 422, "InvalidInput", "spec")
-    assert_error(client.post("/v1/studies", content="x", headers={"Content-Type": "text/csv"}),
-                 415, "HTTPException")
+    assert_error(
+        client.post("/v1/studies", json=spec(strategy={"name": "annealing"})),
+        422,
+        "InvalidInput",
+        "strategy.name",
+    )
+    assert_error(
+        client.post("/v1/studies", json=spec(baseline={**BASELINE, "tp": 3})),
+        422,
+        "InvalidInput",
+        "baseline",
+    )
+    assert_error(
+        client.post(
+            "/v1/studies", content="name: [unclosed", headers={"Content-Type": "application/yaml"}
+        ),
+        422,
+        "InvalidInput",
+        "body",
+    )
+    bomb = "a: &a [1, 1]\nb: &b [*a, *a]\nname: x\n"
+    body = assert_error(
+        client.post("/v1/studies", content=bomb, headers={"Content-Type": "application/yaml"}),
+        422,
+        "InvalidInput",
+        "body",
+    )
+    assert "aliases" in body["detail"]
+    assert_error(
+        client.post(
+            "/v1/studies", content="{not json", headers={"Content-Type": "application/json"}
+        ),
+        422,
+        "InvalidInput",
+        "body",
+    )
+    assert_error(
+        client.post(
+            "/v1/studies", content="- a list", headers={"Content-Type": "application/yaml"}
+        ),
+        422,
+        "InvalidInput",
+        "spec",
+    )
+    assert_error(
+        client.post("/v1/studies", content="x", headers={"Content-Type": "text/csv"}),
+        415,
+        "HTTPException",
+    )
     # Files outside the server's folders are refused, missing ones named.
-    assert_error(client.post("/v1/studies", json=spec(space="../../etc/passwd.yaml")),
-                 422, "InvalidInput", "space")
-    assert_error(client.post("/v1/studies", json=spec(space="/etc/cubic/space.yaml")),
-                 422, "InvalidInput", "space")
-    body = assert_error(client.post("/v1/studies", json=spec(space="nope.yaml")),
-                        422, "InvalidInput", "space")
+    assert_error(
+        client.post("/v1/studies", json=spec(space="../../etc/passwd.yaml")),
+        422,
+        "InvalidInput",
+        "space",
+    )
+    assert_error(
+        client.post("/v1/studies", json=spec(space="/etc/cubic/space.yaml")),
+        422,
+        "InvalidInput",
+        "space",
+    )
+    body = assert_error(
+        client.post("/v1/studies", json=spec(space="nope.yaml")), 422, "InvalidInput", "space"
+    )
     assert "nope.yaml" in body["detail"]
     assert client.get("/v1/studies").json()["total"] == 0
 
@@ -84,18 +135,28 @@ def test_list_filters_and_pages(client: TestClient) -> None:
     assert client.get("/v1/studies", params={"kind": "dlrm"}).json()["items"] == []
 
     assert_error(client.get("/v1/studies", params={"limit": 501}), 422, "InvalidInput", "limit")
-    assert_error(client.get("/v1/studies", params={"limit": 0}),
-                 422, "RequestValidationError", "limit")
-    assert_error(client.get("/v1/studies", params={"offset": -1}),
-                 422, "RequestValidationError", "offset")
-    assert_error(client.get("/v1/studies", params={"state": "sleeping"}),
-                 422, "RequestValidationError", "state")
+    assert_error(
+        client.get("/v1/studies", params={"limit": 0}), 422, "RequestValidationError", "limit"
+    )
+    assert_error(
+        client.get("/v1/studies", params={"offset": -1}), 422, "RequestValidationError", "offset"
+    )
+    assert_error(
+        client.get("/v1/studies", params={"state": "sleeping"}),
+        422,
+        "RequestValidationError",
+        "state",
+    )
 
 
 def test_unknown_study_is_404(client: TestClient) -> None:
-    for method, path in [("GET", "/v1/studies/999"), ("GET", "/v1/studies/999/best"),
-                         ("POST", "/v1/studies/999:pause"), ("POST", "/v1/studies/999:archive"),
-                         ("GET", "/v1/studies/999/trials")]:
+    for method, path in [
+        ("GET", "/v1/studies/999"),
+        ("GET", "/v1/studies/999/best"),
+        ("POST", "/v1/studies/999:pause"),
+        ("POST", "/v1/studies/999:archive"),
+        ("GET", "/v1/studies/999/trials"),
+    ]:
         body = assert_error(client.request(method, path), 404, "NotFound")
         assert "999" in body["detail"]
     assert_error(client.get("/v1/nothing-here"), 404, "HTTPException")
@@ -113,8 +174,12 @@ def test_pause_resume_stop_archive(client: TestClient) -> None:
     assert lease == {"trials": [], "study_state": "paused"}
 
     assert act("resume").json()["state"] == "running"
-    assert len(client.post(f"/v1/studies/{sid}/trials:lease",
-                           json={"worker_id": "w"}).json()["trials"]) == 1
+    assert (
+        len(
+            client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()["trials"]
+        )
+        == 1
+    )
 
     assert act("stop").json()["state"] == "stopped"
     body = assert_error(act("resume"), 409, "Conflict")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 from typing import Any
@@ -11,37 +12,59 @@ from fastapi.testclient import TestClient
 from tests.service.conftest import BASELINE, assert_error, create, simulate
 
 
-def lease(client: TestClient, sid: int, worker: str = "w", count: int = 1,
-          **kw: Any) -> list[dict[str, Any]]:
-    resp = client.post(f"/v1/studies/{sid}/trials:lease",
-                       json={"worker_id": worker, "count": count, **kw})
+def lease(
+    client: TestClient, sid: int, worker: str = "w", count: int = 1, **kw: Any
+) -> list[dict[str, Any]]:
+    resp = client.post(
+        f"/v1/studies/{sid}/trials:lease", json={"worker_id": worker, "count": count, **kw}
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()["trials"]
 
 
 def report(client: TestClient, trial: dict[str, Any], **body: Any) -> Any:
-    return client.post(f"/v1/trials/{trial['id']}:report",
-                       json={"lease_token": trial["lease_token"], **body})
+    return client.post(
+        f"/v1/trials/{trial['id']}:report", json={"lease_token": trial["lease_token"], **body}
+    )
 
 
 def test_bad_lease_requests_are_422_naming_the_field(client: TestClient) -> None:
     sid = create(client)["id"]
     url = f"/v1/studies/{sid}/trials:lease"
-    assert_error(client.post(url, json={"worker_id": "w", "count": 0}),
-                 422, "RequestValidationError", "count")
-    assert_error(client.post(url, json={"worker_id": "w", "count": 65}),
-                 422, "RequestValidationError", "count")
-    body = assert_error(client.post(url, json={"count": 1}),
-                        422, "RequestValidationError", "worker_id")
+    assert_error(
+        client.post(url, json={"worker_id": "w", "count": 0}),
+        422,
+        "RequestValidationError",
+        "count",
+    )
+    assert_error(
+        client.post(url, json={"worker_id": "w", "count": 65}),
+        422,
+        "RequestValidationError",
+        "count",
+    )
+    body = assert_error(
+        client.post(url, json={"count": 1}), 422, "RequestValidationError", "worker_id"
+    )
     assert body["errors"][0]["loc"] == ["body", "worker_id"]  # FastAPI's list is kept
-    assert_error(client.post(url, json={"worker_id": "x" * 201}),
-                 422, "RequestValidationError", "worker_id")
-    assert_error(client.post(url, json={"worker_id": "w", "lease_seconds": 0}),
-                 422, "RequestValidationError", "lease_seconds")
-    assert_error(client.post(url, json={"worker_id": "w", "colour": "red"}),
-                 422, "RequestValidationError", "colour")
-    assert_error(client.post("/v1/studies/999/trials:lease", json={"worker_id": "w"}),
-                 404, "NotFound")
+    assert_error(
+        client.post(url, json={"worker_id": "x" * 201}), 422, "RequestValidationError", "worker_id"
+    )
+    assert_error(
+        client.post(url, json={"worker_id": "w", "lease_seconds": 0}),
+        422,
+        "RequestValidationError",
+        "lease_seconds",
+    )
+    assert_error(
+        client.post(url, json={"worker_id": "w", "colour": "red"}),
+        422,
+        "RequestValidationError",
+        "colour",
+    )
+    assert_error(
+        client.post("/v1/studies/999/trials:lease", json={"worker_id": "w"}), 404, "NotFound"
+    )
 
 
 def test_lease_is_idempotent_per_worker(client: TestClient) -> None:
@@ -50,11 +73,13 @@ def test_lease_is_idempotent_per_worker(client: TestClient) -> None:
     assert len(first) == 2
     assert all(t["study_id"] == sid and t["attempt"] == 1 and t["lease_token"] for t in first)
     again = lease(client, sid, "w1", 2)
-    assert [(t["id"], t["lease_token"]) for t in again] == \
-        [(t["id"], t["lease_token"]) for t in first]
+    assert [(t["id"], t["lease_token"]) for t in again] == [
+        (t["id"], t["lease_token"]) for t in first
+    ]
     # The default lease (300 s) replaced the 60 s one.
-    assert datetime.fromisoformat(again[0]["lease_deadline"]) > \
-        datetime.fromisoformat(first[0]["lease_deadline"])
+    assert datetime.fromisoformat(again[0]["lease_deadline"]) > datetime.fromisoformat(
+        first[0]["lease_deadline"]
+    )
     other = lease(client, sid, "w2", 2)
     assert not {t["id"] for t in other} & {t["id"] for t in first}
     # Tokens are for the leasing worker only: listings never show them.
@@ -75,8 +100,11 @@ def test_report_is_idempotent_per_token(client: TestClient) -> None:
     assert second.status_code == 200 and second.json() == first.json()
     assert client.get(f"/v1/trials/{t['id']}").json()["events"] == events
     # A different outcome for a finished trial is refused: a finished trial never changes.
-    assert_error(report(client, t, state="pruned" if outcome["state"] != "pruned" else "failed"),
-                 409, "TrialFinished")
+    assert_error(
+        report(client, t, state="pruned" if outcome["state"] != "pruned" else "failed"),
+        409,
+        "TrialFinished",
+    )
 
 
 def test_a_late_report_after_reap_and_re_lease_is_409(client: TestClient) -> None:
@@ -93,26 +121,37 @@ def test_a_late_report_after_reap_and_re_lease_is_409(client: TestClient) -> Non
     assert retry["params"] == t["params"] and retry["attempt"] == 2
     body = assert_error(report(client, t, **simulate(study, t["params"])), 409, "LeaseLost")
     assert str(t["id"]) in body["detail"]
-    assert_error(client.post(f"/v1/trials/{t['id']}:heartbeat",
-                             json={"lease_token": t["lease_token"]}), 409, "LeaseLost")
+    assert_error(
+        client.post(f"/v1/trials/{t['id']}:heartbeat", json={"lease_token": t["lease_token"]}),
+        409,
+        "LeaseLost",
+    )
     assert report(client, retry, **simulate(study, retry["params"])).status_code == 200
+    reaped = re.search(r"^cubic_reaped_trials_total (\S+)$", client.get("/metrics").text, re.M)
+    assert reaped and float(reaped[1]) >= 1
 
 
 def test_heartbeat_and_release(client: TestClient) -> None:
     sid = create(client)["id"]
     (t,) = lease(client, sid, "w", lease_seconds=30)
-    resp = client.post(f"/v1/trials/{t['id']}:heartbeat",
-                       json={"lease_token": t["lease_token"], "lease_seconds": 600})
+    resp = client.post(
+        f"/v1/trials/{t['id']}:heartbeat",
+        json={"lease_token": t["lease_token"], "lease_seconds": 600},
+    )
     assert resp.status_code == 200, resp.text
-    assert datetime.fromisoformat(resp.json()["lease_deadline"]) > \
-        datetime.fromisoformat(t["lease_deadline"])
-    assert_error(client.post(f"/v1/trials/{t['id']}:heartbeat", json={"lease_token": "nope"}),
-                 409, "LeaseLost")
-    assert_error(client.post(f"/v1/trials/{t['id']}:release", json={"lease_token": "nope"}),
-                 409, "LeaseLost")
+    assert datetime.fromisoformat(resp.json()["lease_deadline"]) > datetime.fromisoformat(
+        t["lease_deadline"]
+    )
+    assert_error(
+        client.post(f"/v1/trials/{t['id']}:heartbeat", json={"lease_token": "nope"}),
+        409,
+        "LeaseLost",
+    )
+    assert_error(
+        client.post(f"/v1/trials/{t['id']}:release", json={"lease_token": "nope"}), 409, "LeaseLost"
+    )
 
-    released = client.post(f"/v1/trials/{t['id']}:release",
-                           json={"lease_token": t["lease_token"]})
+    released = client.post(f"/v1/trials/{t['id']}:release", json={"lease_token": t["lease_token"]})
     assert released.status_code == 200 and released.json()["state"] == "waiting"
     (again,) = lease(client, sid, "w2")
     assert again["id"] == t["id"] and again["lease_token"] != t["lease_token"]
@@ -123,20 +162,35 @@ def test_bad_reports_are_refused_and_change_nothing(client: TestClient) -> None:
     study = create(client)
     (t,) = lease(client, study["id"])
     assert_error(report(client, t, state="exploded"), 422, "RequestValidationError", "state")
-    body = assert_error(report(client, t, state="complete", metrics={"mfu": 0.5}),
-                        422, "InvalidInput", "metrics")
+    body = assert_error(
+        report(client, t, state="complete", metrics={"mfu": 0.5}), 422, "InvalidInput", "metrics"
+    )
     assert "tokens_per_s" in body["detail"]
-    assert_error(report(client, t, state="failed", log_tail="x" * (64 * 1024 + 1)),
-                 422, "RequestValidationError", "log_tail")
-    nan = ('{"lease_token": "%s", "state": "complete", "metrics": {"tokens_per_s": NaN}}'
-           % t["lease_token"])
-    assert_error(client.post(f"/v1/trials/{t['id']}:report", content=nan,
-                             headers={"Content-Type": "application/json"}),
-                 422, "RequestValidationError", "metrics")
+    assert_error(
+        report(client, t, state="failed", log_tail="x" * (64 * 1024 + 1)),
+        422,
+        "RequestValidationError",
+        "log_tail",
+    )
+    token = t["lease_token"]
+    nan = f'{{"lease_token": "{token}", "state": "complete", "metrics": {{"tokens_per_s": NaN}}}}'
+    assert_error(
+        client.post(
+            f"/v1/trials/{t['id']}:report",
+            content=nan,
+            headers={"Content-Type": "application/json"},
+        ),
+        422,
+        "RequestValidationError",
+        "metrics",
+    )
     assert client.get(f"/v1/trials/{t['id']}").json()["state"] == "running"
     for action, body in [("report", {"state": "failed"}), ("heartbeat", {}), ("release", {})]:
-        assert_error(client.post(f"/v1/trials/999:{action}", json={"lease_token": "x", **body}),
-                     404, "NotFound")
+        assert_error(
+            client.post(f"/v1/trials/999:{action}", json={"lease_token": "x", **body}),
+            404,
+            "NotFound",
+        )
     assert_error(client.get("/v1/trials/999"), 404, "NotFound")
 
 
@@ -152,14 +206,19 @@ def test_list_trials_filters_and_pages(client: TestClient) -> None:
     assert page["total"] == 8
     failed = client.get(f"/v1/studies/{sid}/trials", params={"state": "failed"}).json()
     assert failed["total"] == 3 and {t["state"] for t in failed["items"]} == {"failed"}
-    both = client.get(f"/v1/studies/{sid}/trials",
-                      params=[("state", "running"), ("state", "waiting")]).json()
+    both = client.get(
+        f"/v1/studies/{sid}/trials", params=[("state", "running"), ("state", "waiting")]
+    ).json()
     assert both["total"] == 5
     trial = client.get(f"/v1/trials/{leased[0]['id']}").json()
     assert [e["to_state"] for e in trial["events"]] == ["waiting", "running", "failed"]
     assert trial["events"][-1]["detail"]["error"] == "node lost"
-    assert_error(client.get(f"/v1/studies/{sid}/trials", params={"state": "lost"}),
-                 422, "RequestValidationError", "state.0")
+    assert_error(
+        client.get(f"/v1/studies/{sid}/trials", params={"state": "lost"}),
+        422,
+        "RequestValidationError",
+        "state.0",
+    )
 
 
 def test_enqueue_runs_given_configs_first(client: TestClient) -> None:
@@ -174,21 +233,25 @@ def test_enqueue_runs_given_configs_first(client: TestClient) -> None:
     assert queued["params"]["dp"] == 8  # derived values are filled in
     assert lease(client, sid)[0]["id"] == queued["id"]
 
-    body = assert_error(client.post(url, json={"configs": [BASELINE, {**BASELINE, "tp": 3}]}),
-                        422, "InvalidInput", "configs.1")
+    body = assert_error(
+        client.post(url, json={"configs": [BASELINE, {**BASELINE, "tp": 3}]}),
+        422,
+        "InvalidInput",
+        "configs.1",
+    )
     assert "tp" in body["detail"]
     missing = {k: v for k, v in BASELINE.items() if k != "recompute"}
     assert_error(client.post(url, json={"configs": [missing]}), 422, "InvalidInput", "configs.0")
-    assert_error(client.post(url, json={"configs": []}), 422, "RequestValidationError",
-                 "configs")
+    assert_error(client.post(url, json={"configs": []}), 422, "RequestValidationError", "configs")
     assert client.get(f"/v1/studies/{sid}/trials").json()["total"] == 1
     client.post(f"/v1/studies/{sid}:archive")
     assert_error(client.post(url, json={"configs": [BASELINE]}), 409, "Conflict")
 
 
 def test_import_adds_finished_history_outside_the_budget(client: TestClient) -> None:
-    study = create(client, constraints={"memory_headroom": 0.05},
-                   budget={"max_trials": 3, "max_parallel": 3})
+    study = create(
+        client, constraints={"memory_headroom": 0.05}, budget={"max_trials": 3, "max_parallel": 3}
+    )
     sid = study["id"]
     url = f"/v1/studies/{sid}/trials:import"
     fast = {"tokens_per_s": 2.0e5, "peak_memory_gb": 60.0}
@@ -211,12 +274,19 @@ def test_import_adds_finished_history_outside_the_budget(client: TestClient) -> 
     bad = [{"params": {**BASELINE, "tp": 3}, "state": "complete", "metrics": fast}]
     assert_error(client.post(url, json={"trials": bad}), 422, "InvalidInput", "trials.0.params")
     no_metric = [records[1], {"params": BASELINE, "state": "complete", "metrics": {"mfu": 1}}]
-    assert_error(client.post(url, json={"trials": no_metric}),
-                 422, "InvalidInput", "trials.1.metrics")
-    assert_error(client.post(url, json={"trials": [{**records[0], "state": "running"}]}),
-                 422, "RequestValidationError", "trials.0.state")
+    assert_error(
+        client.post(url, json={"trials": no_metric}), 422, "InvalidInput", "trials.1.metrics"
+    )
+    assert_error(
+        client.post(url, json={"trials": [{**records[0], "state": "running"}]}),
+        422,
+        "RequestValidationError",
+        "trials.0.state",
+    )
     assert_error(client.post(url, json={"trials": []}), 422, "RequestValidationError", "trials")
-    assert client.get(f"/v1/studies/{sid}/trials", params={"state": "complete"}
-                      ).json()["total"] == 1  # nothing of the refused imports was kept
-    assert_error(client.post("/v1/studies/999/trials:import", json={"trials": records}),
-                 404, "NotFound")
+    assert (
+        client.get(f"/v1/studies/{sid}/trials", params={"state": "complete"}).json()["total"] == 1
+    )  # nothing of the refused imports was kept
+    assert_error(
+        client.post("/v1/studies/999/trials:import", json={"trials": records}), 404, "NotFound"
+    )

@@ -1,0 +1,250 @@
+"""Fitting proxy models on stored trials, measuring them, and keeping them current.
+
+Every finished trial of a workload kind, from every study, is training data: a complete
+trial says how fast its configuration ran, an infeasible one that it cannot run. Models are
+refitted off the request path (:class:`Retrainer`, meant for a background thread) and stored
+as versions with their measured quality, so a strategy only ever loads a ready model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cubic.proxy.features import feature_names, featurize
+from cubic.proxy.model import FORMAT, ProxyModel, select_objective
+from cubic.proxy.quality import cross_validate, newest_holdout
+from cubic.store import ProxyModelVersion, Store, Trial, TrialState
+from cubic.workload import Workload
+
+log = logging.getLogger(__name__)
+
+WorkloadOf = Mapping[int, Workload] | Callable[[int], Workload | None]
+KINDS = ("llm", "dlrm")
+
+
+def usable(trial: Trial) -> bool:
+    """Whether a trial teaches the model something: a measured throughput, or infeasible."""
+    if trial.state == TrialState.INFEASIBLE:
+        return True
+    if trial.state != TrialState.COMPLETE or not trial.metrics:
+        return False
+    value = trial.metrics.get("throughput")
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+def _lookup(workloads: WorkloadOf) -> Callable[[int], Workload | None]:
+    if isinstance(workloads, Mapping):
+        return workloads.get
+    return workloads
+
+
+def training_set(
+    trials: Iterable[Trial], workloads: WorkloadOf, kind: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(X, y, feasible, groups)`` from stored trials, in the order they finished.
+
+    Complete trials with a positive ``metrics['throughput']`` give ``y``; infeasible ones
+    give ``y = NaN`` and ``feasible = False``; other trials, and trials of studies whose
+    workload is unknown (``workloads`` gives None or lacks the id), are left out. ``groups``
+    is the study id. Every workload must be of one kind (``kind``, when given).
+    """
+    workload_of = _lookup(workloads)
+    rows: list[Trial] = []
+    wls: dict[int, Workload] = {}
+    for t in trials:
+        if not usable(t):
+            continue
+        if t.study_id not in wls:
+            wl = workload_of(t.study_id)
+            if wl is None:
+                continue
+            kind = kind or wl.kind
+            if wl.kind != kind:
+                raise ValueError(f"study {t.study_id} is a {wl.kind!r} workload, not {kind!r}")
+            wls[t.study_id] = wl
+        rows.append(t)
+    rows.sort(key=lambda t: (t.finished_at or t.created_at, t.id))
+    width = len(feature_names(kind)) if kind is not None else 0
+    X = np.empty((len(rows), width))
+    groups = np.array([t.study_id for t in rows], dtype=np.int64)
+    for sid, wl in wls.items():
+        idx = np.flatnonzero(groups == sid)
+        if len(idx):
+            X[idx] = featurize(wl, [rows[i].params for i in idx])
+    feasible = np.array([t.state == TrialState.COMPLETE for t in rows], dtype=bool)
+    y = np.array([float(t.metrics["throughput"]) if ok and t.metrics else math.nan
+                  for t, ok in zip(rows, feasible, strict=True)])
+    return X, y, feasible, groups
+
+
+def _clean(value: Any) -> Any:
+    """Metrics as strict JSON: NaN and infinities become None."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def fit_and_store(
+    store: Store,
+    kind: str,
+    trials: Iterable[Trial],
+    workload_of: WorkloadOf,
+    *,
+    objective: str = "auto",
+    params: Mapping[str, Any] | None = None,
+    k: int = 5,
+    seed: int = 0,
+) -> ProxyModelVersion:
+    """Fit a model of ``kind`` on ``trials``, measure it, and store it as a new version.
+
+    ``objective='auto'`` cross-validates the regression and the ranking objective and keeps
+    the better ranker; its cross-validation results are the version's ``metrics['cv']``, and
+    ``metrics['holdout']`` scores the newest fifth of the trials predicted from the rest.
+    Raises ValueError with fewer than two feasible trials.
+    """
+    params = dict(params or {})
+    X, y, feasible, groups = training_set(trials, workload_of, kind)
+    n_feasible = int(feasible.sum())
+    if n_feasible < 2:
+        raise ValueError(f"need at least two complete trials of kind {kind!r}, got {n_feasible}")
+    start = time.perf_counter()
+    by_objective: dict[str, Any] = {}
+    if objective == "auto":
+        objective, results = select_objective(X, y, feasible, groups, k=k, seed=seed,
+                                              kind=kind, **params)
+        cv = results[objective]
+        by_objective = {o: r.get("kendall_tau") for o, r in results.items()}
+    else:
+        cv = cross_validate(lambda: ProxyModel(kind=kind, objective=objective, seed=seed,
+                                               **params), X, y, feasible, k=k, seed=seed,
+                            groups=groups)
+
+    def factory() -> ProxyModel:
+        return ProxyModel(kind=kind, objective=objective, seed=seed, **params)
+
+    holdout = newest_holdout(factory, X, y, feasible, groups=groups)
+    model = factory().fit(X, y, feasible, groups)
+    metrics = _clean({
+        "objective": objective,
+        "kendall_tau_by_objective": by_objective,
+        "cv": cv,
+        "holdout": holdout,
+        "n_feasible": n_feasible,
+        "n_studies": len(np.unique(groups)),
+        "seconds": time.perf_counter() - start,
+    })
+    version = store.save_proxy_model(kind, model.save(), model.feature_names_, metrics,
+                                     n_train=len(y))
+    log.info("proxy model %s v%d: %d trials, cv tau %s", kind, version.version, len(y),
+             metrics["cv"].get("kendall_tau"))
+    return version
+
+
+def is_current(version: ProxyModelVersion) -> bool:
+    """Whether a stored version can be loaded by this code (same format and features)."""
+    return (version.model.get("format") == FORMAT
+            and list(version.features) == feature_names(version.workload_kind))
+
+
+def load_latest(store: Store, kind: str) -> ProxyModel | None:
+    """The newest stored model of ``kind``; None if there is none or it is out of date."""
+    version = store.latest_proxy_model(kind)
+    if version is None or not is_current(version):
+        return None
+    return ProxyModel.load(version.model)
+
+
+class Retrainer:
+    """Keeps one proxy model per workload kind fitted on the trials stored so far.
+
+    ``maybe_retrain(kind)`` refits when at least ``every`` usable trials of that kind have
+    finished since the newest version was fitted (or when that version is out of date), and
+    does nothing otherwise, so callers may invoke it as often as they like. Fitting is
+    CPU-bound and blocking: run it in a thread (:meth:`run` is a ready-made loop), never in
+    an event loop. One refit runs at a time per instance. Workloads come from each study's
+    stored spec unless ``workload_of`` is given.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        every: int = 8,
+        *,
+        workload_of: WorkloadOf | None = None,
+        objective: str = "auto",
+        params: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if every < 1:
+            raise ValueError("every must be at least 1")
+        self.store = store
+        self.every = every
+        self.workload_of = workload_of
+        self.objective = objective
+        self.params = dict(params or {})
+        self.seed = seed
+        self._lock = threading.Lock()
+        self._workloads: dict[int, Workload | None] = {}
+
+    def _workload(self, study_id: int) -> Workload | None:
+        if self.workload_of is not None:
+            return _lookup(self.workload_of)(study_id)
+        if study_id not in self._workloads:
+            from cubic.errors import CubicError
+            from cubic.study import parse_spec
+
+            try:
+                spec = parse_spec(self.store.get_study(study_id).spec)
+                self._workloads[study_id] = spec.load_workload()
+            except CubicError as exc:
+                log.warning("study %d: no workload for the proxy model: %s", study_id, exc)
+                self._workloads[study_id] = None
+        return self._workloads[study_id]
+
+    def due(self, kind: str, trials: Sequence[Trial]) -> bool:
+        """Whether ``trials`` (the usable ones of ``kind``) call for a new version."""
+        latest = self.store.latest_proxy_model(kind)
+        if latest is not None and not is_current(latest):
+            return True
+        fitted = 0 if latest is None else latest.n_train
+        return len(trials) - fitted >= self.every
+
+    def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
+        """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
+        with self._lock:
+            history = self.store.history_for_kind(
+                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE])
+            trials = [t for t in history if usable(t) and self._workload(t.study_id) is not None]
+            if not self.due(kind, trials):
+                return None
+            if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
+                return None
+            return fit_and_store(self.store, kind, trials, self._workload,
+                                 objective=self.objective, params=self.params, seed=self.seed)
+
+    def run(self, stop: threading.Event, kinds: Sequence[str] = KINDS,
+            interval_s: float = 30.0) -> None:
+        """Check every ``interval_s`` seconds until ``stop`` is set; errors are logged."""
+        while not stop.is_set():
+            for kind in kinds:
+                if stop.is_set():
+                    break
+                try:
+                    self.maybe_retrain(kind)
+                except Exception:
+                    log.exception("retraining the %s proxy model failed", kind)
+            stop.wait(interval_s)

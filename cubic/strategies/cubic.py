@@ -1,0 +1,267 @@
+"""The ``cubic`` strategy: proxy-model-guided batch search, as in CubicML.
+
+Two explicit phases:
+
+1. **Warm-up** (space-filling): until ``warmup`` trials of this study have finished, propose
+   configs spread over the space (greedy max-min distance in knob-rank space, from a large
+   random pool). Skipped when ``prior`` trials of other studies of the same workload kind
+   give a proxy that already ranks well (cross-validated Kendall tau >= ``transfer_tau``).
+2. **Model-guided** rounds: fit the XGBoost proxy (:class:`cubic.proxy.model.ProxyModel`)
+   on every finished trial (this study's and the prior), build a pool of at least
+   ``pool_size`` valid candidates (uniform random, plus mutations of the best trials so far,
+   plus TPE's proposals while the history is small), score each by an acquisition that
+   combines predicted throughput, its uncertainty and the probability of fitting in memory,
+   and choose a diverse batch: after each pick, candidates close to it (in knob-rank space)
+   are penalised, so parallel workers do not all measure the same neighbourhood.
+
+A config already in the history is never proposed again. Every proposal carries what the
+proxy predicted, so predictions can be compared with measurements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cubic.objectives import objective_values, violations
+from cubic.proxy.features import featurize
+from cubic.proxy.model import ProxyModel
+from cubic.store.objects import Trial, TrialState
+from cubic.strategies.base import Proposal, Strategy, config_key
+from cubic.study import ResolvedStudy
+from cubic.workload import Workload
+
+Prior = Sequence[tuple[Workload, Trial]]
+
+_TRANSFER_CACHE: dict[str, float] = {}
+
+
+class CubicStrategy(Strategy):
+    """Proxy-guided search with a space-filling warm-up."""
+
+    name = "cubic"
+    accepts_prior = True
+
+    def __init__(self, study: ResolvedStudy, *, seed: int | None = None,
+                 prior: Prior | None = None, proxy: ProxyModel | None = None,
+                 warmup: int | None = None, pool_size: int = 10_000, kappa: float = 1.0,
+                 feasibility_power: float = 2.0, radius: float = 0.5,
+                 transfer_tau: float = 0.6, n_members: int = 5, n_estimators: int = 150,
+                 **options: Any) -> None:
+        super().__init__(study, seed=seed, **options)
+        self.prior = list(prior or [])
+        self.proxy = proxy
+        self.warmup = warmup if warmup is not None else max(8, study.spec.budget.max_parallel)
+        self.pool_size = pool_size
+        self.kappa = kappa
+        self.feasibility_power = feasibility_power
+        self.radius = radius
+        self.transfer_tau = transfer_tau
+        self.n_members = n_members
+        self.n_estimators = n_estimators
+        self._grids = self._make_grids()
+
+    # positions in knob-rank space ---------------------------------------------------------
+    def _make_grids(self) -> list[tuple[str, Any]]:
+        grids = []
+        for p in self.study.space.parameters:
+            if p.is_finite:
+                grids.append((p.name, p.to_python(p.grid())))
+            else:
+                grids.append((p.name, (float(p.low), float(p.high))))
+        return grids
+
+    def positions(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Configs (struct of arrays) as points in [0, 1]^d: each knob's rank in its domain."""
+        cols = []
+        for name, grid in self._grids:
+            col = np.asarray(arrays[name])
+            if isinstance(grid, list):
+                index = {v: i for i, v in enumerate(grid)}
+                pos = np.array([index.get(v, (len(grid) - 1) / 2) for v in col.tolist()],
+                               dtype=float)
+                cols.append(pos / max(1, len(grid) - 1))
+            else:
+                lo, hi = grid
+                cols.append((col.astype(float) - lo) / (hi - lo) if hi > lo
+                            else np.zeros(len(col)))
+        return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
+
+    # the two phases ---------------------------------------------------------------------
+    def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
+        own_done = [t for t in history
+                    if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        rng = self.rng(history)
+        seen = self.seen(history)
+        warm = len(own_done) < self.warmup and not self._transfer_ready()
+        if warm or len([t for t in own_done if self._value(t)[0] is not None]) < 2 \
+                and not self.prior:
+            return self._space_filling(history, n, seen, rng)
+        return self._guided(history, n, seen, rng)
+
+    def _space_filling(self, history: Sequence[Trial], n: int, seen: set[str],
+                       rng: np.random.Generator) -> list[Proposal]:
+        space, ctx = self.study.space, self.context
+        pool = space.sample_arrays(rng, max(2000, 50 * n), ctx)
+        configs = space.from_arrays(pool)
+        keep = [i for i, c in enumerate(configs) if config_key(c) not in seen]
+        if not keep:
+            return self.fill_random(history, [], n, seen)
+        pos = self.positions(pool)[keep]
+        taken = [t.params for t in history]
+        anchor = self.positions(space.to_arrays(taken)) if taken else np.zeros((0, pos.shape[1]))
+        dist = (np.full(len(keep), np.inf) if len(anchor) == 0 else
+                np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1))
+        out: list[Proposal] = []
+        for _ in range(min(n, len(keep))):
+            j = int(np.argmax(dist + rng.random(len(dist)) * 1e-6))
+            out.append(Proposal(configs[keep[j]], {"phase": "warm-up"}))
+            dist = np.minimum(dist, np.abs(pos - pos[j]).sum(axis=1))
+            dist[j] = -1.0
+        return out
+
+    def _value(self, t: Trial) -> tuple[float | None, bool]:
+        """(positive value to learn, feasible) of a finished trial of this study."""
+        spec = self.study.spec
+        if t.state == TrialState.INFEASIBLE:
+            return None, False
+        if t.state != TrialState.COMPLETE or not t.metrics:
+            return None, True
+        vals = objective_values(spec, t.metrics)
+        if vals is None or vals[0] <= 0:
+            return None, True
+        if violations(spec, self.study.workload, t.metrics, t.params):
+            return None, False
+        v = vals[0]
+        return (v if spec.objectives[0].direction == "maximize" else 1.0 / v), True
+
+    def _training_set(self, history: Sequence[Trial]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Features, values (NaN where infeasible), feasibility and groups of all trials."""
+        blocks: list[tuple[Workload, list[dict[str, Any]], list[float], list[bool], int]] = []
+        rows = [(t.params, *self._value(t)) for t in history
+                if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        rows = [(p, v, f) for p, v, f in rows if v is not None or not f]
+        if rows:
+            blocks.append((self.study.workload, [r[0] for r in rows],
+                           [np.nan if r[1] is None else r[1] for r in rows],
+                           [r[2] for r in rows], 0))
+        by_wl: dict[int, list[tuple[Workload, Trial]]] = {}
+        for wl, t in self.prior:
+            by_wl.setdefault(id(wl), []).append((wl, t))
+        for g, (_, pairs) in enumerate(by_wl.items(), start=1):
+            wl = pairs[0][0]
+            ps, vs, fs = [], [], []
+            for _, t in pairs:
+                if t.state == TrialState.INFEASIBLE:
+                    ps.append(t.params)
+                    vs.append(np.nan)
+                    fs.append(False)
+                elif t.state == TrialState.COMPLETE and t.metrics:
+                    v = t.metrics.get("throughput")
+                    if isinstance(v, int | float) and v > 0:
+                        ps.append(t.params)
+                        vs.append(float(v))
+                        fs.append(True)
+            if ps:
+                blocks.append((wl, ps, vs, fs, g))
+        X = [featurize(wl, ps) for wl, ps, _, _, _ in blocks]
+        y = [np.asarray(vs, dtype=float) for _, _, vs, _, _ in blocks]
+        f = [np.asarray(fs, dtype=bool) for _, _, _, fs, _ in blocks]
+        g = [np.full(len(ps), gid) for _, ps, _, _, gid in blocks]
+        return np.concatenate(X), np.concatenate(y), np.concatenate(f), np.concatenate(g)
+
+    def _fit(self, history: Sequence[Trial]) -> ProxyModel | None:
+        X, y, feas, groups = self._training_set(history)
+        if int(np.sum(feas & np.isfinite(y))) < 2:
+            return None
+        model = ProxyModel(kind=self.study.workload.kind, n_members=self.n_members,
+                           n_estimators=self.n_estimators, seed=self.seed or 0)
+        return model.fit(X, y, feas, groups)
+
+    def _transfer_ready(self) -> bool:
+        """Whether the prior alone gives a proxy that ranks configs well (cached)."""
+        if len(self.prior) < 32:
+            return False
+        key = hashlib.sha1(
+            "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()).hexdigest()
+        if key not in _TRANSFER_CACHE:
+            _TRANSFER_CACHE[key] = self._prior_tau()
+        return _TRANSFER_CACHE[key] >= self.transfer_tau
+
+    def _prior_tau(self) -> float:
+        """Kendall tau of a proxy fitted on some prior workloads, scored on another one."""
+        from scipy.stats import kendalltau
+
+        X, y, feas, groups = self._training_set([])
+        ids = np.unique(groups)
+        if len(ids) < 2:
+            return 0.0
+        taus = []
+        for gid in ids:
+            test = (groups == gid) & feas & np.isfinite(y)
+            train = groups != gid
+            if test.sum() < 8 or np.sum(feas[train] & np.isfinite(y[train])) < 8:
+                continue
+            m = ProxyModel(kind=self.study.workload.kind, n_members=1, n_estimators=100,
+                           seed=0).fit(X[train], y[train], feas[train], groups[train])
+            tau = kendalltau(m.predict_log(X[test])[0], np.log(y[test])).statistic
+            taus.append(0.0 if np.isnan(tau) else float(tau))
+        return float(np.mean(taus)) if taus else 0.0
+
+    # candidates and the acquisition ---------------------------------------------------------
+    def _pool(self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
+              ) -> list[dict[str, Any]]:
+        space, ctx = self.study.space, self.context
+        configs = space.from_arrays(space.sample_arrays(rng, self.pool_size, ctx))
+        mutants: list[Proposal] = []
+        n_mut = max(200, self.pool_size // 5)
+        self.fill_neighbours(history, mutants, n_mut, set(seen), top=8)
+        configs.extend(p.params for p in mutants)
+        if len(history) < 300:
+            from cubic.strategies.samplers import TPEStrategy
+
+            tpe = TPEStrategy(self.study, seed=self.seed)
+            configs.extend(p.params for p in tpe.suggest(history, 4))
+        out, keys = [], set(seen)
+        for c in configs:
+            k = config_key(c)
+            if k not in keys:
+                keys.add(k)
+                out.append(c)
+        return out
+
+    def _guided(self, history: Sequence[Trial], n: int, seen: set[str],
+                rng: np.random.Generator) -> list[Proposal]:
+        model = self.proxy or self._fit(history)
+        if model is None:
+            return self._space_filling(history, n, seen, rng)
+        pool = self._pool(history, seen, rng)
+        if not pool:
+            return self.fill_random(history, [], n, seen)
+        arrays = self.study.space.to_arrays(pool)
+        X = featurize(self.study.workload, arrays)
+        mu, sd = model.predict_log(X)
+        p = model.feasible(X)
+        ucb = mu + self.kappa * sd
+        score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+        pos = self.positions(arrays)
+        out: list[Proposal] = []
+        direction = self.study.spec.objectives[0].direction
+        for _ in range(min(n, len(pool))):
+            j = int(np.argmax(score))
+            pred = float(np.exp(mu[j]))
+            out.append(Proposal(pool[j], {
+                "phase": "model",
+                "value": pred if direction == "maximize" else 1.0 / pred,
+                "log_std": float(sd[j]),
+                "p_feasible": float(p[j]),
+                "acquisition": float(score[j]),
+            }))
+            dist = np.abs(pos - pos[j]).sum(axis=1)
+            score = score * (1.0 - np.exp(-((dist / self.radius) ** 2)))
+            score[j] = -1.0
+        return out

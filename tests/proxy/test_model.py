@@ -1,0 +1,161 @@
+"""ProxyModel: fit, predict, feasibility, persistence and speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import xgboost as xgb
+from sklearn.base import clone
+
+from cubic.proxy.features import OFFSET, feature_names
+from cubic.proxy.model import FORMAT, ProxyModel, select_objective
+from tests.proxy.simdata import measured, workload
+
+
+def _synthetic(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Throughput exp(x0 + 0.5 x1) where x2 < 0.8, infeasible elsewhere."""
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, 4))
+    feasible = X[:, 2] < 0.8
+    y = np.where(feasible, np.exp(2 * X[:, 0] + X[:, 1]) * 1000, np.nan)
+    return X, y, feasible
+
+
+def test_fit_predict_feasible() -> None:
+    X, y, feasible = _synthetic()
+    model = ProxyModel(seed=1)
+    assert model.fit(X, y, feasible) is model
+    Xt, yt, ft = _synthetic(200, seed=2)
+    mean, std = model.predict(Xt)
+    assert mean.shape == std.shape == (200,)
+    assert np.all(mean > 0) and np.all(std >= 0) and std.max() > 0
+    rel = np.abs(mean[ft] / yt[ft] - 1)
+    assert np.median(rel) < 0.1  # throughput units, not log
+    log_mean, log_std = model.predict_log(Xt)
+    np.testing.assert_allclose(np.exp(log_mean), mean)
+    np.testing.assert_array_equal(log_std, std)
+    p = model.feasible(Xt)
+    assert np.all((p >= 0) & (p <= 1))
+    assert p[ft].mean() > 0.9 and p[~ft].mean() < 0.1
+    assert model.n_features_in_ == 4 and model.feature_names_ == ["f0", "f1", "f2", "f3"]
+
+
+def test_single_class_gives_a_constant_probability() -> None:
+    X, y, _ = _synthetic()
+    ok = np.isfinite(y)
+    model = ProxyModel().fit(X[ok], y[ok], np.ones(ok.sum(), bool))
+    assert model.classifier_ is None
+    np.testing.assert_array_equal(model.feasible(X[:5]), np.ones(5))
+
+
+def test_fit_validates_its_input() -> None:
+    X, y, feasible = _synthetic(50)
+    with pytest.raises(ValueError, match="features"):
+        ProxyModel(kind="llm").fit(X, y, feasible)
+    with pytest.raises(ValueError, match="two feasible"):
+        ProxyModel().fit(X, y, np.zeros(50, bool))
+    with pytest.raises(ValueError, match="positive"):
+        ProxyModel().fit(X, np.where(feasible, -1.0, np.nan), feasible)
+    with pytest.raises(ValueError, match="rows"):
+        ProxyModel().fit(X, y[:10], feasible)
+    with pytest.raises(ValueError, match="objective"):
+        ProxyModel(objective="lambdamart").fit(X, y, feasible)
+    bad = X.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ProxyModel().fit(bad, y, feasible)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        ProxyModel().predict(X)
+    model = ProxyModel(n_estimators=5).fit(X, y, feasible)
+    with pytest.raises(ValueError, match="features"):
+        model.predict(X[:, :3])
+
+
+def test_scikit_learn_conventions() -> None:
+    model = ProxyModel(kind="dlrm", max_depth=3)
+    twin = clone(model)
+    assert twin.get_params() == model.get_params()
+    assert not hasattr(twin, "members_")
+
+
+def test_save_load_round_trip_is_exact_and_json() -> None:
+    wl = workload("llama3_70b")
+    _, X, y, feasible = measured(wl, 300, 3)
+    model = ProxyModel(kind="llm", seed=4).fit(X, y, feasible)
+    saved = model.save()
+    text = json.dumps(saved, allow_nan=False)  # plain JSON: no pickle, no bytes, no NaN
+    doc = json.loads(text)
+    assert doc["format"] == FORMAT and doc["kind"] == "llm"
+    assert doc["feature_names"] == feature_names("llm")
+    assert doc["versions"]["xgboost"] == xgb.__version__ and doc["versions"]["cubic"]
+    assert doc["params"]["max_depth"] == model.max_depth
+    assert len(doc["members"]) == model.n_members and doc["classifier"] is not None
+    assert json.loads(doc["members"][0])["learner"]  # XGBoost's own JSON model
+    loaded = ProxyModel.load(doc)
+    _, Xt, _, _ = measured(wl, 500, 5)
+    for a, b in zip(model.predict(Xt), loaded.predict(Xt), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(model.feasible(Xt), loaded.feasible(Xt))
+    assert loaded.get_params() == model.get_params()
+
+
+def test_load_refuses_other_formats_and_features() -> None:
+    X, y, feasible = _synthetic(60)
+    saved = ProxyModel(n_estimators=5).fit(X, y, feasible).save()
+    with pytest.raises(ValueError, match="format"):
+        ProxyModel.load({**saved, "format": "pickle"})
+    stale = {**saved, "params": {**saved["params"], "kind": "llm"}}
+    with pytest.raises(ValueError, match="feature names"):
+        ProxyModel.load(stale)
+
+
+def test_throughput_is_learned_relative_to_the_roofline() -> None:
+    """What is learned is efficiency, so it carries over to a workload ten times faster."""
+    i = feature_names("llm").index(OFFSET)
+    _, X, _, feasible = measured(workload("llama3_8b", num_gpus=16), 300, 0)
+    y = np.where(feasible, 0.4 * np.exp(X[:, i]), np.nan)  # 40 % of the roofline everywhere
+    model = ProxyModel(kind="llm").fit(X, y, feasible)
+    _, Xt, _, _ = measured(workload("llama3_70b", "h200", 128), 300, 0)
+    np.testing.assert_allclose(model.predict(Xt)[0], 0.4 * np.exp(Xt[:, i]), rtol=1e-3)
+
+
+def test_rank_objective_and_selection() -> None:
+    w8, w70 = workload("llama3_8b", num_gpus=16), workload("llama3_70b")
+    parts = [measured(w8, 200, 1), measured(w70, 200, 1)]
+    X = np.vstack([p[1] for p in parts])
+    y = np.concatenate([p[2] for p in parts])
+    feasible = np.concatenate([p[3] for p in parts])
+    groups = np.repeat([8, 70], 200)
+    ranker = ProxyModel(kind="llm", objective="rank").fit(X, y, feasible, groups)
+    mean, std = ranker.predict(X)
+    assert np.all(np.isfinite(mean)) and np.all(std >= 0)
+    assert ranker.calibration_[0] > 0
+    best, results = select_objective(X, y, feasible, groups, k=3, kind="llm",
+                                     n_estimators=30)
+    assert best in ("regression", "rank")
+    assert set(results) == {"regression", "rank"}
+    taus = {o: r["kendall_tau"] for o, r in results.items()}
+    assert taus[best] == max(taus.values())
+
+
+def test_fit_and_predict_are_fast() -> None:
+    """Fit 5,000 trials in about a second, score 10,000 candidates in well under 0.2 s."""
+    wl = workload("llama3_8b")
+    _, X, y, feasible = measured(wl, 15_000, 7)
+    model = ProxyModel(kind="llm")
+    model.fit(X[:500], y[:500], feasible[:500])  # warm-up: library loading, thread pools
+    start = time.perf_counter()
+    model.fit(X[:5000], y[:5000], feasible[:5000])
+    fit_s = time.perf_counter() - start
+    start = time.perf_counter()
+    model.predict(X[5000:])
+    model.feasible(X[5000:])
+    predict_s = time.perf_counter() - start
+    print(f"\nfit 5,000 rows ({int(feasible[:5000].sum())} feasible): {fit_s:.2f} s; "
+          f"predict + feasible on 10,000 rows: {predict_s:.3f} s")
+    # Loose bounds: shared CI machines are slower and noisier than the targets.
+    assert fit_s < 10.0
+    assert predict_s < 1.0
