@@ -1005,6 +1005,17 @@ class Space:
             keep &= self._apply_stage(k, arrays, context, n)
         return arrays, keep
 
+    def resolve_arrays(
+        self, raw: Mapping[str, np.ndarray], context: Mapping[str, Any]
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Complete raw parameter arrays (inactive parameters take their default, derived
+        values are computed) and say which rows are valid: the vectorised
+        :meth:`complete` plus :meth:`is_valid`, for candidates made by other means than
+        sampling (mutations of good configurations, say)."""
+        n = len(next(iter(raw.values()))) if raw else 0
+        arrays, keep = self._resolve(dict(raw), context, n)
+        return self._ordered(arrays), keep
+
     def sample_arrays(
         self,
         rng: np.random.Generator,

@@ -22,8 +22,10 @@ def _column(values: list[Any]) -> np.ndarray:
     """One knob's values as an array: numeric where every value is a number, else objects."""
     if all(isinstance(v, bool | np.bool_) for v in values):
         return np.asarray(values, dtype=bool)
-    if all(isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
-           for v in values):
+    if all(
+        isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+        for v in values
+    ):
         return np.asarray(values)
     out = np.empty(len(values), dtype=object)
     out[:] = values
@@ -44,7 +46,8 @@ def as_arrays(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, 
     arrays: dict[str, np.ndarray] = {}
     if isinstance(configs, Mapping):
         lengths = {
-            k: len(v) for k, v in configs.items()
+            k: len(v)
+            for k, v in configs.items()
             if not isinstance(v, str | bytes) and np.ndim(v) > 0
         }
         sizes = set(lengths.values())

@@ -34,24 +34,51 @@ from cubic.workload import LLM, Cluster, Training, Workload
 #: - NeMo 24.07: Megatron-Core's distributed optimizer with ``grad_sync_dtype: bf16``,
 #:   flash attention, userbuffers TP overlap and DP overlap on, as its recipes set.
 SOURCE_DEFAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("Megatron-Core", {
-        "zero_stage": 1, "flash_attention": True, "fp32_grads": True,
-        "overlap_grad_reduce": True, "overlap_param_gather": True, "tp_comm_overlap": True,
-        "sequence_parallel": True, "recompute": "none",
-    }),
-    ("Megatron-LM README 2021", {
-        "zero_stage": 0, "flash_attention": False,
-        "sequence_parallel": False, "recompute": "full",
-    }),
-    ("Korthikanti", {
-        "zero_stage": 0, "flash_attention": False, "fp32_grads": True,
-        "sequence_parallel": False, "recompute": "none",
-    }),
-    ("NeMo", {
-        "zero_stage": 1, "flash_attention": True, "fp32_grads": False,
-        "overlap_grad_reduce": True, "overlap_param_gather": True, "tp_comm_overlap": True,
-        "sequence_parallel": False, "recompute": "none",
-    }),
+    (
+        "Megatron-Core",
+        {
+            "zero_stage": 1,
+            "flash_attention": True,
+            "fp32_grads": True,
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+            "tp_comm_overlap": True,
+            "sequence_parallel": True,
+            "recompute": "none",
+        },
+    ),
+    (
+        "Megatron-LM README 2021",
+        {
+            "zero_stage": 0,
+            "flash_attention": False,
+            "sequence_parallel": False,
+            "recompute": "full",
+        },
+    ),
+    (
+        "Korthikanti",
+        {
+            "zero_stage": 0,
+            "flash_attention": False,
+            "fp32_grads": True,
+            "sequence_parallel": False,
+            "recompute": "none",
+        },
+    ),
+    (
+        "NeMo",
+        {
+            "zero_stage": 1,
+            "flash_attention": True,
+            "fp32_grads": False,
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+            "tp_comm_overlap": True,
+            "sequence_parallel": False,
+            "recompute": "none",
+        },
+    ),
 )
 #: For a source not listed: Megatron-Core's defaults (the simulator's own).
 GENERIC_DEFAULTS: dict[str, Any] = {"flash_attention": True, "recompute": "none"}
@@ -134,8 +161,11 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
     )
     cfg = source_defaults(str(row.get("source") or ""))
     cfg.update(
-        tp=_int(row, "tp", 1), pp=_int(row, "pp", 1), cp=_int(row, "cp", 1),
-        vp=_int(row, "vp", 1), micro_batch=_int(row, "micro_batch", 1),
+        tp=_int(row, "tp", 1),
+        pp=_int(row, "pp", 1),
+        cp=_int(row, "cp", 1),
+        vp=_int(row, "vp", 1),
+        micro_batch=_int(row, "micro_batch", 1),
     )
     if _int(row, "dp") is not None:
         cfg["dp"] = _int(row, "dp")
@@ -179,6 +209,16 @@ def predict(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _dlrm_missing() -> str:
+    """Why DLRM rows cannot be priced here, or '' when :mod:`cubic.sim.dlrm` is complete."""
+    try:
+        from cubic.sim import dlrm
+    except ImportError as exc:
+        return f"DLRM model missing: {exc}"
+    absent = [f for f in ("row_case", "simulate_dlrm") if not hasattr(dlrm, f)]
+    return f"DLRM model lacks {', '.join(absent)}" if absent else ""
+
+
 def validate(rows: Iterable[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Compare the simulator with published runs.
 
@@ -192,24 +232,23 @@ def validate(rows: Iterable[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     skipped: list[dict[str, str]] = []
     for row in rows:
         if row.get("workload") == "dlrm":
-            try:
-                from cubic.sim import dlrm
-
-                dlrm.row_case, dlrm.simulate_dlrm  # noqa: B018 - present or skipped
-            except (ImportError, AttributeError) as exc:
-                skipped.append({"id": str(row.get("id")), "note": f"DLRM model missing: {exc}"})
+            note = _dlrm_missing()
+            if note:
+                skipped.append({"id": str(row.get("id")), "note": note})
                 continue
         pred = predict(row)
         published = float(row["value"])
-        out.append({
-            "id": row.get("id"),
-            "source": row.get("source"),
-            "workload": row.get("workload"),
-            "metric": row["metric"],
-            "published": published,
-            **pred,
-            "error_pct": 100.0 * (pred["predicted"] - published) / published,
-        })
+        out.append(
+            {
+                "id": row.get("id"),
+                "source": row.get("source"),
+                "workload": row.get("workload"),
+                "metric": row["metric"],
+                "published": published,
+                **pred,
+                "error_pct": 100.0 * (pred["predicted"] - published) / published,
+            }
+        )
     by_source: dict[str, list[float]] = {}
     for r in out:
         by_source.setdefault(str(r["source"]), []).append(abs(r["error_pct"]))
@@ -243,14 +282,23 @@ def memory_check(rows: Iterable[Mapping[str, Any]] | None = None) -> list[dict[s
         base = dict(cfg, recompute="none", sequence_parallel=False)
         sel = dict(cfg, recompute="selective", sequence_parallel=True)
         res = simulate_llm(wl, [base, sel])
-        state = (res.memory["weights"][0] + res.memory["grads"][0]
-                 + res.memory["optimizer"][0]) / GIB
+        state = (
+            res.memory["weights"][0] + res.memory["grads"][0] + res.memory["optimizer"][0]
+        ) / GIB
         ours = (state, res.memory["activations"][0] / GIB, res.memory["activations"][1] / GIB)
         pub = KORTHIKANTI_MEMORY_GIB[size]
-        for name, o, p in zip(("weights+optimizer", "activations", "activations_sp_selective"),
-                              ours, pub, strict=True):
-            out.append({"model": f"GPT-{size}", "part": name, "published_gib": p,
-                        "predicted_gib": float(o), "error_pct": 100.0 * (float(o) - p) / p})
+        for name, o, p in zip(
+            ("weights+optimizer", "activations", "activations_sp_selective"), ours, pub, strict=True
+        ):
+            out.append(
+                {
+                    "model": f"GPT-{size}",
+                    "part": name,
+                    "published_gib": p,
+                    "predicted_gib": float(o),
+                    "error_pct": 100.0 * (float(o) - p) / p,
+                }
+            )
     return out
 
 
@@ -259,8 +307,10 @@ def report(result: Mapping[str, Any] | None = None) -> str:
     result = validate() if result is None else result
     lines = [f"{'id':32} {'published':>12} {'predicted':>12} {'error':>8}  fits"]
     for r in result["rows"]:
-        lines.append(f"{r['id']:32} {r['published']:12.4g} {r['predicted']:12.4g} "
-                     f"{r['error_pct']:+7.1f}%  {'yes' if r['fits'] else 'NO ' + r['reason']}")
+        lines.append(
+            f"{r['id']:32} {r['published']:12.4g} {r['predicted']:12.4g} "
+            f"{r['error_pct']:+7.1f}%  {'yes' if r['fits'] else 'NO ' + r['reason']}"
+        )
     lines.append("")
     for src, mape in result["by_source"].items():
         lines.append(f"MAPE {mape:5.1f}%  {src}")

@@ -22,17 +22,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cubic.objectives import objective_values, violations
-from cubic.proxy.features import featurize
-from cubic.proxy.model import ProxyModel
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
 from cubic.study import ResolvedStudy
 from cubic.workload import Workload
+
+if TYPE_CHECKING:  # XGBoost loads only when a model is fitted: the API starts faster
+    from cubic.proxy.model import ProxyModel
 
 Prior = Sequence[tuple[Workload, Trial]]
 
@@ -50,9 +51,10 @@ class CubicStrategy(Strategy):
                  warmup: int | None = None, pool_size: int = 10_000, kappa: float = 1.0,
                  feasibility_power: float = 2.0, radius: float = 0.5,
                  transfer_tau: float = 0.6, n_members: int = 5, n_estimators: int = 150,
-                 **options: Any) -> None:
+                 refit_every: int = 2, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
-        self.prior = list(prior or [])
+        kind = study.workload.kind
+        self.prior = [(wl, t) for wl, t in (prior or []) if wl.kind == kind]
         self.proxy = proxy
         self.warmup = warmup if warmup is not None else max(8, study.spec.budget.max_parallel)
         self.pool_size = pool_size
@@ -62,7 +64,11 @@ class CubicStrategy(Strategy):
         self.transfer_tau = transfer_tau
         self.n_members = n_members
         self.n_estimators = n_estimators
+        self.refit_every = refit_every
         self._grids = self._make_grids()
+        self._model: tuple[int, ProxyModel] | None = None
+        self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray,
+                                 np.ndarray] | None = None
 
     # positions in knob-rank space ---------------------------------------------------------
     def _make_grids(self) -> list[tuple[str, Any]]:
@@ -97,8 +103,8 @@ class CubicStrategy(Strategy):
         rng = self.rng(history)
         seen = self.seen(history)
         warm = len(own_done) < self.warmup and not self._transfer_ready()
-        if warm or len([t for t in own_done if self._value(t)[0] is not None]) < 2 \
-                and not self.prior:
+        n_values = sum(1 for t in own_done if self._value(t)[0] is not None)
+        if warm or (n_values < 2 and not self.prior):
             return self._space_filling(history, n, seen, rng)
         return self._guided(history, n, seen, rng)
 
@@ -168,6 +174,8 @@ class CubicStrategy(Strategy):
                         fs.append(True)
             if ps:
                 blocks.append((wl, ps, vs, fs, g))
+        from cubic.proxy.features import featurize
+
         X = [featurize(wl, ps) for wl, ps, _, _, _ in blocks]
         y = [np.asarray(vs, dtype=float) for _, _, vs, _, _ in blocks]
         f = [np.asarray(fs, dtype=bool) for _, _, _, fs, _ in blocks]
@@ -175,6 +183,19 @@ class CubicStrategy(Strategy):
         return np.concatenate(X), np.concatenate(y), np.concatenate(f), np.concatenate(g)
 
     def _fit(self, history: Sequence[Trial]) -> ProxyModel | None:
+        """The proxy for this round: refitted once ``refit_every`` new trials have finished."""
+        n_done = sum(1 for t in history if t.state in (TrialState.COMPLETE,
+                                                       TrialState.INFEASIBLE))
+        if self._model is not None and n_done - self._model[0] < self.refit_every:
+            return self._model[1]
+        model = self._fit_now(history)
+        if model is not None:
+            self._model = (n_done, model)
+        return model
+
+    def _fit_now(self, history: Sequence[Trial]) -> ProxyModel | None:
+        from cubic.proxy.model import ProxyModel
+
         X, y, feas, groups = self._training_set(history)
         if int(np.sum(feas & np.isfinite(y))) < 2:
             return None
@@ -196,6 +217,8 @@ class CubicStrategy(Strategy):
         """Kendall tau of a proxy fitted on some prior workloads, scored on another one."""
         from scipy.stats import kendalltau
 
+        from cubic.proxy.model import ProxyModel
+
         X, y, feas, groups = self._training_set([])
         ids = np.unique(groups)
         if len(ids) < 2:
@@ -213,42 +236,96 @@ class CubicStrategy(Strategy):
         return float(np.mean(taus)) if taus else 0.0
 
     # candidates and the acquisition ---------------------------------------------------------
+    def _random_part(self, rng: np.random.Generator
+                     ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray]:
+        """Uniform random valid configs with their keys, features and positions (cached:
+        they depend only on the space and the workload)."""
+        if self._random_pool is None:
+            from cubic.proxy.features import featurize
+
+            space, ctx = self.study.space, self.context
+            arrays = space.sample_arrays(rng, self.pool_size, ctx)
+            configs = space.from_arrays(arrays)
+            keys = [config_key(c) for c in configs]
+            first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+            arrays = {k: v[first] for k, v in arrays.items()}
+            self._random_pool = ([configs[i] for i in first], [keys[i] for i in first],
+                                 featurize(self.study.workload, arrays),
+                                 self.positions(arrays))
+        return self._random_pool
+
+    def _mutants(self, history: Sequence[Trial], m: int, rng: np.random.Generator
+                 ) -> dict[str, np.ndarray]:
+        """``m`` valid configs one or two knob steps from the best trials (vectorised)."""
+        ranked = sorted(((v, t) for t in history for v in [self._value(t)[0]]
+                         if v is not None), key=lambda p: p[0], reverse=True)[:8]
+        space = self.study.space
+        if not ranked:
+            return {}
+        base = space.to_arrays([t.params for _, t in ranked])
+        rows = rng.integers(0, len(ranked), m)
+        raw = {k: np.asarray(v)[rows].copy() for k, v in base.items() if k in space.names}
+        finite = [(p, grid) for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
+                  if isinstance(grid, list) and len(grid) > 1]
+        if not finite:
+            return {}
+        for step in range(2):
+            pick = rng.integers(0, len(finite), m)
+            moving = np.ones(m, dtype=bool) if step == 0 else rng.random(m) < 0.5
+            for j, (p, grid) in enumerate(finite):
+                rows_j = np.flatnonzero(moving & (pick == j))
+                if not len(rows_j):
+                    continue
+                index = {v: i for i, v in enumerate(grid)}
+                cur = np.array([index.get(v, 0) for v in raw[p.name][rows_j].tolist()])
+                new = np.clip(cur + rng.choice([-1, 1], len(rows_j)), 0, len(grid) - 1)
+                raw[p.name][rows_j] = p.array([grid[i] for i in new])
+        arrays, keep = space.resolve_arrays(raw, self.context)
+        return {k: v[keep] for k, v in arrays.items()}
+
     def _pool(self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
-              ) -> list[dict[str, Any]]:
-        space, ctx = self.study.space, self.context
-        configs = space.from_arrays(space.sample_arrays(rng, self.pool_size, ctx))
-        mutants: list[Proposal] = []
-        n_mut = max(200, self.pool_size // 5)
-        self.fill_neighbours(history, mutants, n_mut, set(seen), top=8)
-        configs.extend(p.params for p in mutants)
+              ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
+        """Candidates never tried: random, mutations of the best, and TPE's proposals."""
+        from cubic.proxy.features import featurize
+
+        configs, keys, X, pos = self._random_part(rng)
+        keep = [i for i, k in enumerate(keys) if k not in seen]
+        extra: list[Proposal] = []
+        taken = set(seen) | {keys[i] for i in keep}
+        space = self.study.space
+        mutants = self._mutants(history, max(200, self.pool_size // 5), rng)
+        for cfg in space.from_arrays(mutants) if mutants else []:
+            k = config_key(cfg)
+            if k not in taken:
+                taken.add(k)
+                extra.append(Proposal(cfg))
         if len(history) < 300:
             from cubic.strategies.samplers import TPEStrategy
 
-            tpe = TPEStrategy(self.study, seed=self.seed)
-            configs.extend(p.params for p in tpe.suggest(history, 4))
-        out, keys = [], set(seen)
-        for c in configs:
-            k = config_key(c)
-            if k not in keys:
-                keys.add(k)
-                out.append(c)
-        return out
+            for p in TPEStrategy(self.study, seed=self.seed).suggest(history, 4):
+                k = config_key(p.params)
+                if k not in taken:
+                    taken.add(k)
+                    extra.append(p)
+        pool = [configs[i] for i in keep] + [p.params for p in extra]
+        if not extra:
+            return pool, X[keep], pos[keep]
+        ex = self.study.space.to_arrays([p.params for p in extra])
+        return (pool, np.concatenate([X[keep], featurize(self.study.workload, ex)]),
+                np.concatenate([pos[keep], self.positions(ex)]))
 
     def _guided(self, history: Sequence[Trial], n: int, seen: set[str],
                 rng: np.random.Generator) -> list[Proposal]:
         model = self.proxy or self._fit(history)
         if model is None:
             return self._space_filling(history, n, seen, rng)
-        pool = self._pool(history, seen, rng)
+        pool, X, pos = self._pool(history, seen, rng)
         if not pool:
             return self.fill_random(history, [], n, seen)
-        arrays = self.study.space.to_arrays(pool)
-        X = featurize(self.study.workload, arrays)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
         ucb = mu + self.kappa * sd
         score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-        pos = self.positions(arrays)
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
         for _ in range(min(n, len(pool))):

@@ -31,8 +31,9 @@ GPT_175B = LLM("gpt_175b", 96, 12288, 96, 96, 49152, 51200, 2048, False)
 GPT_1_7B = LLM("gpt_1.7b", 24, 2304, 24, 24, 9216, 51200, 2048, False)
 
 
-def workload(model: LLM, gpu: str = "a100_80gb", gpus: int = 8, batch: int = 4,
-             precision: str = "bf16") -> Workload:
+def workload(
+    model: LLM, gpu: str = "a100_80gb", gpus: int = 8, batch: int = 4, precision: str = "bf16"
+) -> Workload:
     return Workload(model.name, model, Cluster(gpu, gpus), Training(batch, precision=precision))
 
 
@@ -42,6 +43,7 @@ def one(wl: Workload, **cfg):
 
 
 # --- formulas ------------------------------------------------------------------------------
+
 
 def test_layer_flops_match_narayanan_for_a_gpt():
     """Per layer 24 T h^2 (GEMMs) + 4 T s h (attention, full square without flash)."""
@@ -106,7 +108,8 @@ def test_activation_memory_per_layer_is_korthikantis():
     act = lambda **kw: float(activation_bytes_per_layer(GPT_22B, s * b, tp=t, **kw))  # noqa: E731
     # No parallelism at all: sbh (34 + 5as/h).
     assert float(activation_bytes_per_layer(GPT_22B, s * b, tp=1)) == pytest.approx(
-        sbh * (34 + 5 * a * s / h))
+        sbh * (34 + 5 * a * s / h)
+    )
     # Tensor parallel without sequence parallel: sbh (10 + 24/t + 5as/(ht)).
     assert act() == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
     # With sequence parallel everything splits: sbh/t (34 + 5as/h).
@@ -133,7 +136,7 @@ def test_model_state_memory_per_zero_stage():
     wl = workload(GPT_1_7B, gpus=32, batch=512)
     h, L, V = GPT_1_7B.hidden, GPT_1_7B.layers, GPT_1_7B.vocab
     P = L * (12 * h * h + 4 * h) + 2 * V * h  # one pipeline stage holds everything
-    assert P == pytest.approx(GPT_1_7B.params())
+    assert pytest.approx(GPT_1_7B.params()) == P
     res = simulate_llm(wl, [dict(zero_stage=z, recompute="full") for z in range(4)])
     w, g, o = (res.memory[k] for k in ("weights", "grads", "optimizer"))
     assert (w[0], g[0], o[0]) == pytest.approx((2 * P, 4 * P, 12 * P))
@@ -141,8 +144,9 @@ def test_model_state_memory_per_zero_stage():
     assert (w[2], g[2], o[2]) == pytest.approx((2 * P, 4 * P / 32, 12 * P / 32))
     # ZeRO-3 keeps a shard plus two gathered layers in flight.
     layer = 12 * h * h + 4 * h
-    assert (w[3], g[3], o[3]) == pytest.approx((2 * P / 32 + 2 * 2 * layer, 4 * P / 32,
-                                                 12 * P / 32))
+    assert (w[3], g[3], o[3]) == pytest.approx(
+        (2 * P / 32 + 2 * 2 * layer, 4 * P / 32, 12 * P / 32)
+    )
 
 
 def test_fp16_keeps_16_bit_gradients_by_default():
@@ -175,8 +179,7 @@ def test_data_parallel_gradient_all_reduce_time():
     expected = 2 * 31 / 32 * nbytes / bw + 2 * 31 * gpu.nic_latency_us * 1e-6
     assert res.breakdown["dp_comm"][0] == pytest.approx(expected)
     # With tp=8 each data-parallel group has one GPU per node: one NIC.
-    res8, _ = one(workload(GPT_1_7B, gpus=256, batch=512), tp=8, zero_stage=0,
-                  recompute="full")
+    res8, _ = one(workload(GPT_1_7B, gpus=256, batch=512), tp=8, zero_stage=0, recompute="full")
     bw1 = gpu.nic_gbs * 0.90 * 1e9
     expected8 = 2 * 31 / 32 * nbytes / 8 / bw1 + 2 * 31 * gpu.nic_latency_us * 1e-6
     assert res8.breakdown["dp_comm"][0] == pytest.approx(expected8, rel=1e-3)
@@ -191,14 +194,23 @@ def test_overlap_hides_gradient_reduction_but_not_the_last_bucket():
 
 def test_step_time_is_the_sum_of_its_parts():
     wl = PRESETS["llama3_70b"]
-    res, row = one(wl, tp=4, pp=4, vp=5, cp=2, sequence_parallel=True, recompute="selective",
-                   overlap_grad_reduce=True)
+    res, row = one(
+        wl,
+        tp=4,
+        pp=4,
+        vp=5,
+        cp=2,
+        sequence_parallel=True,
+        recompute="selective",
+        overlap_grad_reduce=True,
+    )
     assert sum(row["breakdown_s"].values()) == pytest.approx(row["step_time_s"])
     assert row["throughput"] == pytest.approx(512 * 8192 / row["step_time_s"])
     mfu = 512 * 8192 * wl.model.flops_per_token() / (row["step_time_s"] * 64 * 989.4e12)
     assert row["mfu"] == pytest.approx(mfu)
-    parts = sum(res.memory[k][0] for k in ("weights", "grads", "optimizer", "activations",
-                                           "overhead"))
+    parts = sum(
+        res.memory[k][0] for k in ("weights", "grads", "optimizer", "activations", "overhead")
+    )
     assert parts == pytest.approx(res.peak_memory[0])
 
 
@@ -214,18 +226,22 @@ def test_error_score_weights_fp8_sites():
 
 # --- validity --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cfg", "needle"), [
-    (dict(tp=3), "invalid: tp*pp*cp=3 does not divide 64 GPUs"),
-    (dict(tp=8, dp=4), "invalid: tp*pp*cp*dp=32 is not the 64 GPUs"),
-    (dict(pp=32), "invalid: pp*vp=32 does not divide 80 layers"),
-    (dict(tp=8, micro_batch=3), "invalid: micro_batch*dp=24 does not divide global batch 512"),
-    (dict(vp=2), "invalid: vp>1 needs pp>1"),
-    (dict(recompute="sometimes"), "invalid: recompute"),
-    (dict(zero_stage=4), "invalid: zero_stage"),
-    (dict(tp=8, tp_comm_overlap=True), "tp_comm_overlap needs sequence_parallel"),
-    (dict(ep=2), "invalid: ep=2"),
-    (dict(tp=0), "positive integers"),
-])
+
+@pytest.mark.parametrize(
+    ("cfg", "needle"),
+    [
+        (dict(tp=3), "invalid: tp*pp*cp=3 does not divide 64 GPUs"),
+        (dict(tp=8, dp=4), "invalid: tp*pp*cp*dp=32 is not the 64 GPUs"),
+        (dict(pp=32), "invalid: pp*vp=32 does not divide 80 layers"),
+        (dict(tp=8, micro_batch=3), "invalid: micro_batch*dp=24 does not divide global batch 512"),
+        (dict(vp=2), "invalid: vp>1 needs pp>1"),
+        (dict(recompute="sometimes"), "invalid: recompute"),
+        (dict(zero_stage=4), "invalid: zero_stage"),
+        (dict(tp=8, tp_comm_overlap=True), "tp_comm_overlap needs sequence_parallel"),
+        (dict(ep=2), "invalid: ep=2"),
+        (dict(tp=0), "positive integers"),
+    ],
+)
 def test_invalid_layouts_say_why(cfg, needle):
     res, row = one(PRESETS["llama3_70b"], **cfg)
     assert not row["valid"] and not row["feasible"]
@@ -243,30 +259,56 @@ def test_kv_heads_and_tp_must_divide_one_another():
 def test_interleaving_needs_whole_rounds_of_micro_batches():
     wl = replace(PRESETS["llama3_70b"], training=Training(96))
     _, row = one(wl, tp=8, pp=4, vp=5, micro_batch=8)  # 6 micro-batches over 4 stages
-    assert "invalid: interleaving needs the 6 micro-batches to be a multiple of pp=4" in row[
-        "reason"]
+    assert (
+        "invalid: interleaving needs the 6 micro-batches to be a multiple of pp=4" in row["reason"]
+    )
 
 
 def test_fp8_on_a_gpu_without_it_is_invalid():
-    res, row = one(workload(GPT_22B), tp=8, micro_batch=4, precision="fp8")
+    _, row = one(workload(GPT_22B), tp=8, micro_batch=4, precision="fp8")
     assert "no FP8" in row["reason"]
 
 
 # --- behaviour -------------------------------------------------------------------------------
 
+
 def fp8_case(name: str):
     """A sensible, fitting layout for each Llama 3 preset on H100."""
+    # NeMo's published layouts for 8k-token Llama 3: context parallel keeps activations in HBM.
     if name == "llama3_8b":
-        return PRESETS[name], dict(tp=1, pp=1, micro_batch=1, zero_stage=1,
-                                   overlap_grad_reduce=True, overlap_param_gather=True)
+        return PRESETS[name], dict(
+            tp=1,
+            pp=1,
+            cp=2,
+            micro_batch=1,
+            zero_stage=1,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+        )
     if name == "llama3_70b":
-        return PRESETS[name], dict(tp=4, pp=4, vp=5, micro_batch=1, sequence_parallel=True,
-                                   tp_comm_overlap=True, overlap_grad_reduce=True,
-                                   overlap_param_gather=True)
+        return PRESETS[name], dict(
+            tp=4,
+            pp=4,
+            vp=5,
+            cp=2,
+            micro_batch=1,
+            sequence_parallel=True,
+            tp_comm_overlap=True,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+        )
     # 126 layers need a pipeline depth that divides them: 9 stages on 1152 GPUs.
     wl = replace(PRESETS[name], cluster=Cluster("h100_sxm", 1152))
-    return wl, dict(tp=8, pp=9, cp=2, micro_batch=1, sequence_parallel=True,
-                    tp_comm_overlap=True, overlap_grad_reduce=True, overlap_param_gather=True)
+    return wl, dict(
+        tp=8,
+        pp=9,
+        cp=2,
+        micro_batch=1,
+        sequence_parallel=True,
+        tp_comm_overlap=True,
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+    )
 
 
 @pytest.mark.parametrize("name", ["llama3_8b", "llama3_70b", "llama3_405b"])
@@ -280,10 +322,14 @@ def test_fp8_speeds_up_dense_llama_by_1_2_to_1_6x(name):
 
 def test_fp8_gains_little_on_small_gemms():
     """Cast overheads and small GEMMs: a tiny model gains less from FP8 than a big one."""
-    small = Workload("s", LLM("s", 12, 768, 12, 12, 3072, 32000, 1024, False),
-                     Cluster("h100_sxm", 8), Training(64))
+    small = Workload(
+        "s",
+        LLM("s", 12, 768, 12, 12, 3072, 32000, 1024, False),
+        Cluster("h100_sxm", 8),
+        Training(64),
+    )
     on = {k: True for k in FP8_SITES}
-    r_small = simulate_llm(small, [dict(tp=8), dict(tp=8, **on)])
+    r_small = simulate_llm(small, [dict(tp=4), dict(tp=4, **on)])
     wl, cfg = fp8_case("llama3_70b")
     r_big = simulate_llm(wl, [cfg, dict(cfg, **on)])
     gain = lambda r: r.step_time[0] / r.step_time[1]  # noqa: E731
@@ -301,8 +347,12 @@ def test_h200_fits_what_h100_cannot():
 
 def test_h200_is_faster_where_memory_bandwidth_binds():
     """Same FLOP/s, 43 % more HBM bandwidth: element-wise work and optimizer step shrink."""
-    small = Workload("s", LLM("s", 24, 2048, 16, 16, 8192, 50304, 2048, False),
-                     Cluster("h100_sxm", 8), Training(64))
+    small = Workload(
+        "s",
+        LLM("s", 24, 2048, 16, 16, 8192, 50304, 2048, False),
+        Cluster("h100_sxm", 8),
+        Training(64),
+    )
     cfg = dict(tp=8, micro_batch=1, sequence_parallel=False)
     _, h100 = one(small, **cfg)
     _, h200 = one(replace(small, cluster=Cluster("h200", 8)), **cfg)
@@ -311,8 +361,7 @@ def test_h200_is_faster_where_memory_bandwidth_binds():
     wl, cfg = fp8_case("llama3_70b")
     _, big100 = one(wl, **cfg)
     _, big200 = one(replace(wl, cluster=Cluster("h200", 64)), **cfg)
-    assert big200["step_time_s"] / big100["step_time_s"] > h200["step_time_s"] / h100[
-        "step_time_s"]
+    assert big200["step_time_s"] / big100["step_time_s"] > h200["step_time_s"] / h100["step_time_s"]
 
 
 def test_llama3_70b_without_model_parallelism_does_not_fit():
@@ -351,44 +400,78 @@ L8, L70 = PRESETS["llama3_8b"], PRESETS["llama3_70b"]
 
 
 def test_tp_is_not_monotone():
-    helps_and_hurts("tp", 4, 8, (L70, dict(pp=2, sequence_parallel=True, recompute="full")),
-                    (L8, dict(pp=1)))
+    # 70B at tp=4 does not fit two pipeline stages; 8B only pays for more communication.
+    helps_and_hurts(
+        "tp", 4, 8, (L70, dict(pp=2, sequence_parallel=True)), (L8, dict(sequence_parallel=True))
+    )
 
 
 def test_pp_is_not_monotone():
-    helps_and_hurts("pp", 1, 4, (L70, dict(tp=8, sequence_parallel=True)),
-                    (L8, dict(tp=1, micro_batch=1)))
+    # 70B needs the pipeline to fit; 8B only gets a bubble.
+    helps_and_hurts(
+        "pp",
+        1,
+        4,
+        (L70, dict(tp=8, sequence_parallel=True)),
+        (L8, dict(tp=2, sequence_parallel=True)),
+    )
 
 
 def test_micro_batch_is_not_monotone():
-    helps_and_hurts("micro_batch", 1, 2,
-                    (L8, dict(tp=8, recompute="full", sequence_parallel=True)),
-                    (replace(L70, training=Training(128)),
-                     dict(tp=8, pp=8, recompute="full", sequence_parallel=True)))
+    # Bigger GEMMs without a pipeline; a deeper bubble with few micro-batches per stage.
+    helps_and_hurts(
+        "micro_batch",
+        1,
+        2,
+        (L8, dict(tp=8, recompute="full", sequence_parallel=True)),
+        (
+            replace(L70, training=Training(128)),
+            dict(tp=8, pp=8, recompute="full", sequence_parallel=True),
+        ),
+    )
 
 
 def test_recompute_is_not_monotone():
-    helps_and_hurts("recompute", "none", "full", (L70, dict(tp=8, pp=2)),
-                    (L8, dict(tp=2, sequence_parallel=True)))
+    # Recomputation is what lets 70B fit on two stages; for 8B it is pure overhead.
+    helps_and_hurts(
+        "recompute",
+        "none",
+        "full",
+        (L70, dict(tp=8, pp=2)),
+        (L8, dict(tp=2, sequence_parallel=True)),
+    )
 
 
 def test_zero_stage_is_not_monotone():
-    helps_and_hurts("zero_stage", 2, 3, (L70, dict(tp=1, pp=1, recompute="full")),
-                    (L70, dict(tp=8, pp=2, sequence_parallel=True)))
+    # Sharding the weights makes 70B fit without model parallelism; where the model already
+    # fits, ZeRO-3 re-gathers the weights every micro-batch.
+    helps_and_hurts(
+        "zero_stage",
+        2,
+        3,
+        (L70, dict(tp=1, pp=1, recompute="full")),
+        (L70, dict(tp=8, pp=2, sequence_parallel=True)),
+    )
 
 
 def test_batch_equals_one_at_a_time():
     rng = np.random.default_rng(7)
     n = 120
     cfgs = [
-        dict(tp=int(rng.choice([1, 2, 4, 8])), pp=int(rng.choice([1, 2, 4, 8])),
-             cp=int(rng.choice([1, 2])), vp=int(rng.choice([1, 2, 5])),
-             micro_batch=int(rng.choice([1, 2, 4])), zero_stage=int(rng.integers(0, 4)),
-             recompute=str(rng.choice(["none", "selective", "full"])),
-             sequence_parallel=bool(rng.random() < 0.5),
-             fp8_mlp_in=bool(rng.random() < 0.5), fp8_lm_head=bool(rng.random() < 0.3),
-             overlap_grad_reduce=bool(rng.random() < 0.5),
-             overlap_param_gather=bool(rng.random() < 0.5))
+        dict(
+            tp=int(rng.choice([1, 2, 4, 8])),
+            pp=int(rng.choice([1, 2, 4, 8])),
+            cp=int(rng.choice([1, 2])),
+            vp=int(rng.choice([1, 2, 5])),
+            micro_batch=int(rng.choice([1, 2, 4])),
+            zero_stage=int(rng.integers(0, 4)),
+            recompute=str(rng.choice(["none", "selective", "full"])),
+            sequence_parallel=bool(rng.random() < 0.5),
+            fp8_mlp_in=bool(rng.random() < 0.5),
+            fp8_lm_head=bool(rng.random() < 0.3),
+            overlap_grad_reduce=bool(rng.random() < 0.5),
+            overlap_param_gather=bool(rng.random() < 0.5),
+        )
         for _ in range(n)
     ]
     wl = PRESETS["llama3_70b"]
@@ -398,8 +481,10 @@ def test_batch_equals_one_at_a_time():
         single = simulate_llm(wl, [cfg])
         assert batch.row(i) == single.row(0)
     # A struct of arrays gives the same answer as the list of dicts.
-    soa = {k: np.array([c[k] for c in cfgs], dtype=object if k == "recompute" else None)
-           for k in cfgs[0]}
+    soa = {
+        k: np.array([c[k] for c in cfgs], dtype=object if k == "recompute" else None)
+        for k in cfgs[0]
+    }
     again = simulate_llm(wl, soa)
     np.testing.assert_array_equal(again.step_time, batch.step_time)
     np.testing.assert_array_equal(again.reason, batch.reason)
@@ -408,3 +493,15 @@ def test_batch_equals_one_at_a_time():
 def test_needs_an_llm_workload():
     with pytest.raises(TypeError):
         simulate_llm(PRESETS["dlrm_criteo_dot"], [{}])
+
+
+def test_expert_parallel_shards_experts_and_pays_for_all_to_all():
+    moe = LLM("moe_8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, True, experts=8, top_k=2)
+    wl = Workload("moe", moe, Cluster("h100_sxm", 64), Training(256))
+    res = simulate_llm(wl, [dict(pp=4, ep=1), dict(pp=4, ep=8)])
+    assert res.valid.all()
+    assert res.breakdown["ep_comm"][0] == 0.0 < res.breakdown["ep_comm"][1]
+    _, mlp = moe.layer_params()
+    saved = (32 / 4) * mlp * (1 - 1 / 8) * 2  # 8 layers per stage, bf16 weights
+    assert res.memory["weights"][0] - res.memory["weights"][1] == pytest.approx(saved)
+    assert res.fits[1] and not res.fits[0]
