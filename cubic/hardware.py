@@ -57,7 +57,8 @@ class GPU:
 
     @property
     def hbm_bytes(self) -> float:
-        return self.hbm_gb * 1e9
+        """Usable HBM in bytes: vendors' "80 GB" is 80 GiB (an H100 80GB reports 81559 MiB)."""
+        return self.hbm_gb * 2.0**30
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

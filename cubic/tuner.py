@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cubic.errors import Conflict, InvalidInput
+from cubic.errors import Conflict, CubicError, InvalidInput
 from cubic.objectives import better, objective_values, violations
 from cubic.outcome import Outcome
 from cubic.space import SpaceError
 from cubic.store import Store
 from cubic.store.objects import Study, StudyState, Trial, TrialState
-from cubic.strategies import config_key, make_strategy
+from cubic.strategies import Strategy, config_key, make_strategy
 from cubic.study import ResolvedStudy, StudySpec
+from cubic.workload import Workload
 
 DEFAULT_LEASE_S = 300.0
 
@@ -60,9 +62,16 @@ class Best:
 class Tuner:
     """Study operations over one store. Safe to use from many threads and processes."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, background_fit: bool = False) -> None:
+        """``background_fit``: proxy models are fitted by a background retrainer (the
+        service), so proposing only loads the newest stored version and never fits on the
+        request path; otherwise (the CLI, the in-process demo) the strategy fits its own."""
         self.store = store
+        self.background_fit = background_fit
         self._resolved: dict[int, ResolvedStudy] = {}
+        self._strategies: dict[int, Strategy] = {}
+        self._priors: dict[tuple[str, int], tuple[float, list[tuple[Workload, Trial]]]] = {}
+        self._proxies: dict[str, tuple[int, Any]] = {}
         self._local_locks: dict[int, threading.Lock] = {}
         self._local_guard = threading.Lock()
 
@@ -186,8 +195,7 @@ class Tuner:
             history = self.store.list_trials(study_id)
             k = self._room(study_id, history, n - len(leased))
             if k > 0:
-                strategy = make_strategy(self.resolved(study_id))
-                proposals = strategy.suggest(history, k)
+                proposals = self._strategy(study_id).suggest(history, k)
                 if proposals:
                     self.store.add_trials(
                         study_id, [p.params for p in proposals], source="strategy",
@@ -195,6 +203,55 @@ class Tuner:
                     )
             leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
         return leased
+
+    def _strategy(self, study_id: int) -> Strategy:
+        """The study's strategy, kept per process so that its caches (candidate pool, fitted
+        proxy) last across rounds; a strategy that learns across studies gets the finished
+        trials of other studies of the same workload kind and the newest stored proxy."""
+        if study_id not in self._strategies:
+            self._strategies[study_id] = make_strategy(self.resolved(study_id))
+        strategy = self._strategies[study_id]
+        if getattr(strategy, "accepts_prior", False):
+            kind = self.resolved(study_id).workload.kind
+            strategy.set_prior(self._prior(kind, study_id))
+            if self.background_fit:
+                strategy.allow_fit = False
+                strategy.proxy = self._latest_proxy(kind)
+        return strategy
+
+    def _prior(self, kind: str, study_id: int, ttl_s: float = 60.0
+               ) -> list[tuple[Workload, Trial]]:
+        """Finished trials of the other studies of ``kind``, with their workloads (cached)."""
+        key = (kind, study_id)
+        cached = self._priors.get(key)
+        if cached is not None and time.monotonic() - cached[0] < ttl_s:
+            return cached[1]
+        out = []
+        for t in self.store.history_for_kind(
+                kind, exclude_study=study_id,
+                states=[TrialState.COMPLETE, TrialState.INFEASIBLE]):
+            try:
+                out.append((self.resolved(t.study_id).workload, t))
+            except CubicError:
+                continue  # a study whose spec no longer loads teaches nothing
+        self._priors[key] = (time.monotonic(), out)
+        return out
+
+    def _latest_proxy(self, kind: str) -> Any:
+        """The newest stored proxy model of ``kind`` (loaded once per version), or None."""
+        version = self.store.latest_proxy_model(kind)
+        if version is None:
+            return None
+        cached = self._proxies.get(kind)
+        if cached is None or cached[0] != version.version:
+            from cubic.proxy.training import is_current
+
+            if not is_current(version):
+                return None
+            from cubic.proxy.model import ProxyModel
+
+            self._proxies[kind] = (version.version, ProxyModel.load(version.model))
+        return self._proxies[kind][1]
 
     def _room(self, study_id: int, history: list[Trial], want: int) -> int:
         """How many new trials the budget allows now (retries do not count as new)."""

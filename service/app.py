@@ -3,7 +3,8 @@
 ``uvicorn service.app:create_app --factory`` builds the app from the environment
 (``CUBIC_*``, see :mod:`service.settings`); ``cubic serve`` passes its settings. Start-up
 refuses a database whose schema is missing or old (run ``cubic db upgrade``), and a
-background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds.
+background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds, and a
+background thread refits the proxy models (``CUBIC_RETRAIN_EVERY`` new trials).
 
 Any number of API processes may share one PostgreSQL database: leasing takes row locks
 (``FOR UPDATE SKIP LOCKED``), proposals for a study are serialised by an advisory lock, and
@@ -15,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,7 +32,7 @@ from cubic.store import Store
 from cubic.store.engine import make_engine
 from cubic.tuner import Tuner
 from service import errors
-from service.metrics import REAPED
+from service.metrics import REAPED, observe_proxy_fit
 from service.routes import health, studies, trials
 from service.settings import ServiceSettings
 
@@ -80,6 +83,31 @@ async def reap_forever(tuner: Tuner, interval_s: float) -> None:
             log.info("reaped %d expired lease(s): trials %s", len(reaped), [t.id for t in reaped])
 
 
+def retrain_forever(store: Store, stop: threading.Event, every: int,
+                    interval_s: float) -> None:
+    """Refit each workload kind's proxy once ``every`` new trials finished (a thread).
+
+    Fitting is CPU-bound: it runs here, off the request path, and the tuner only loads the
+    newest stored version when it proposes.
+    """
+    from cubic.proxy.training import KINDS, Retrainer
+
+    retrainer = Retrainer(store, every=every)
+    while not stop.is_set():
+        for kind in KINDS:
+            t0 = time.perf_counter()
+            try:
+                version = retrainer.maybe_retrain(kind)
+            except Exception:
+                log.exception("retraining the %s proxy model failed", kind)
+                continue
+            if version is not None:
+                observe_proxy_fit(time.perf_counter() - t0)
+                log.info("proxy model %s v%d fitted on %d trials", kind, version.version,
+                         version.n_train)
+        stop.wait(interval_s)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the database is opened (and its schema checked) when it starts."""
     config = ServiceSettings.of(settings)
@@ -87,19 +115,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(open_store, config)
-        tuner = Tuner(store)
+        tuner = Tuner(store, background_fit=True)
         app.state.settings = config
         app.state.store = store
         app.state.tuner = tuner
         reaper = asyncio.create_task(
             reap_forever(tuner, config.reap_interval_s), name="cubic-reaper"
         )
+        stop = threading.Event()
+        retrainer = threading.Thread(
+            target=retrain_forever, name="cubic-retrainer", daemon=True,
+            args=(store, stop, config.retrain_every, config.retrain_interval_s))
+        retrainer.start()
         try:
             yield
         finally:
+            stop.set()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper  # a reap in progress finishes first (threads are not killed)
+            await anyio.to_thread.run_sync(retrainer.join, 60.0)
             await anyio.to_thread.run_sync(store.engine.dispose)
 
     app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

@@ -163,8 +163,8 @@ GIB = float(2**30)
 
 
 def hbm_capacity(gpu: GPU) -> float:
-    """Usable HBM bytes. Vendors' "80 GB" is 80 GiB (an H100 80GB reports 81559 MiB)."""
-    return gpu.hbm_gb * GIB
+    """Usable HBM bytes (:attr:`cubic.hardware.GPU.hbm_bytes`)."""
+    return gpu.hbm_bytes
 
 
 def gemm_efficiency(ideal_s, eff_max: float | np.ndarray | None = None) -> np.ndarray:

@@ -53,9 +53,10 @@ class CubicStrategy(Strategy):
                  transfer_tau: float = 0.6, n_members: int = 5, n_estimators: int = 150,
                  refit_every: int = 2, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
-        kind = study.workload.kind
-        self.prior = [(wl, t) for wl, t in (prior or []) if wl.kind == kind]
+        self.prior: list[tuple[Workload, Trial]] = []
+        self.set_prior(prior or [])
         self.proxy = proxy
+        self.allow_fit = True
         self.warmup = warmup if warmup is not None else max(8, study.spec.budget.max_parallel)
         self.pool_size = pool_size
         self.kappa = kappa
@@ -69,6 +70,11 @@ class CubicStrategy(Strategy):
         self._model: tuple[int, ProxyModel] | None = None
         self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray,
                                  np.ndarray] | None = None
+
+    def set_prior(self, prior: Prior) -> None:
+        """Finished trials of other studies; only those of this workload kind are kept."""
+        kind = self.study.workload.kind
+        self.prior = [(wl, t) for wl, t in prior if wl.kind == kind]
 
     # positions in knob-rank space ---------------------------------------------------------
     def _make_grids(self) -> list[tuple[str, Any]]:
@@ -204,9 +210,14 @@ class CubicStrategy(Strategy):
         return model.fit(X, y, feas, groups)
 
     def _transfer_ready(self) -> bool:
-        """Whether the prior alone gives a proxy that ranks configs well (cached)."""
+        """Whether the prior alone gives a proxy that ranks configs well (cached).
+
+        Without fitting of its own (the service fits in the background), a stored proxy
+        trained with the prior stands in for the check."""
         if len(self.prior) < 32:
             return False
+        if not self.allow_fit:
+            return self.proxy is not None
         key = hashlib.sha1(
             "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()).hexdigest()
         if key not in _TRANSFER_CACHE:
@@ -316,7 +327,7 @@ class CubicStrategy(Strategy):
 
     def _guided(self, history: Sequence[Trial], n: int, seen: set[str],
                 rng: np.random.Generator) -> list[Proposal]:
-        model = self.proxy or self._fit(history)
+        model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
         pool, X, pos = self._pool(history, seen, rng)
