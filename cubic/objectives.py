@@ -15,7 +15,7 @@ def violations(spec: StudySpec, workload: Workload, metrics: Mapping[str, Any],
     c = spec.constraints
     out: list[str] = []
     mem = metrics.get("peak_memory_gb")
-    limit = workload.gpu.hbm_gb * (1.0 - c.memory_headroom)
+    limit = workload.gpu.hbm_bytes / 1e9 * (1.0 - c.memory_headroom)  # metrics are in GB
     if c.memory_headroom > 0 and mem is not None and float(mem) > limit:
         out.append(
             f"peak memory {float(mem):.1f} GB exceeds {limit:.1f} GB "

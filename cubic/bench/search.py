@@ -117,7 +117,7 @@ def _true_values(study: ResolvedStudy, res: SimResult,
     c = spec.constraints
     ok = np.asarray(res.feasible, dtype=bool).copy()
     if c.memory_headroom > 0:
-        ok &= res.peak_memory / 1e9 <= wl.gpu.hbm_gb * (1.0 - c.memory_headroom)
+        ok &= res.peak_memory <= wl.gpu.hbm_bytes * (1.0 - c.memory_headroom)
     if c.max_error_score is not None:
         ok &= res.error_score <= c.max_error_score
     if c.max_gpus is not None:

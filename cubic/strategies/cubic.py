@@ -51,7 +51,8 @@ class CubicStrategy(Strategy):
                  warmup: int | None = None, pool_size: int = 10_000, kappa: float = 1.0,
                  feasibility_power: float = 2.0, radius: float = 0.5,
                  transfer_tau: float = 0.6, n_members: int = 5, n_estimators: int = 150,
-                 refit_every: int = 2, **options: Any) -> None:
+                 refit_every: int = 2, min_feasible: float = 0.5,
+                 warmup_pool: int | None = None, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
         self.prior: list[tuple[Workload, Trial]] = []
         self.set_prior(prior or [])
@@ -66,6 +67,8 @@ class CubicStrategy(Strategy):
         self.n_members = n_members
         self.n_estimators = n_estimators
         self.refit_every = refit_every
+        self.min_feasible = min_feasible
+        self.warmup_pool = warmup_pool
         self._grids = self._make_grids()
         self._model: tuple[int, ProxyModel] | None = None
         self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray,
@@ -102,6 +105,47 @@ class CubicStrategy(Strategy):
                             else np.zeros(len(col)))
         return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
 
+    def _fits_estimate(self, X: np.ndarray) -> np.ndarray:
+        """Whether the back-of-envelope memory estimate (a proxy feature: weights, gradients,
+        optimizer state and activations per GPU over HBM) leaves the study's headroom free.
+
+        It is the arithmetic an engineer does before launching a job; measured outcomes
+        then teach the proxy's feasibility classifier the rest.
+        """
+        from cubic.proxy.features import feature_names
+
+        names = feature_names(self.study.workload.kind)
+        if "memory_ratio" not in names:
+            return np.ones(len(X), dtype=bool)
+        limit = 1.0 - self.study.spec.constraints.memory_headroom
+        return X[:, names.index("memory_ratio")] <= limit
+
+    def _within_bounds(self, history: Sequence[Trial], X: np.ndarray) -> np.ndarray:
+        """Whether each candidate's predicted numerical-error score respects the study's bound.
+
+        Jobs report the score they measured; it adds up over the low-precision sites a
+        config switches on, so a ridge regression on the features learns it from a handful
+        of trials, long before the feasibility classifier has seen enough violations.
+        """
+        bound = self.study.spec.constraints.max_error_score
+        if bound is None:
+            return np.ones(len(X), dtype=bool)
+        done = [t for t in history if t.state == TrialState.COMPLETE and t.metrics
+                and isinstance(t.metrics.get("error_score"), int | float)]
+        if len(done) < 4:
+            return np.ones(len(X), dtype=bool)
+        from sklearn.linear_model import Ridge
+
+        from cubic.proxy.features import featurize
+
+        Xt = featurize(self.study.workload, [t.params for t in done])
+        yt = np.array([float(t.metrics["error_score"]) for t in done])
+        if np.ptp(yt) == 0:
+            return np.full(len(X), bool(yt[0] <= bound))
+        scale = np.maximum(np.abs(Xt).max(axis=0), 1e-12)
+        model = Ridge(alpha=1e-3).fit(Xt / scale, yt)
+        return model.predict(X / scale) <= bound
+
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         own_done = [t for t in history
@@ -117,9 +161,16 @@ class CubicStrategy(Strategy):
     def _space_filling(self, history: Sequence[Trial], n: int, seen: set[str],
                        rng: np.random.Generator) -> list[Proposal]:
         space, ctx = self.study.space, self.context
-        pool = space.sample_arrays(rng, max(2000, 50 * n), ctx)
+        # A modest pool: max-min spacing over a huge one picks extreme corners, which are
+        # the configs most likely to run out of memory or break a bound.
+        pool = space.sample_arrays(rng, self.warmup_pool or max(64, 8 * n), ctx)
         configs = space.from_arrays(pool)
+        from cubic.proxy.features import featurize
+
+        fits = self._fits_estimate(featurize(self.study.workload, pool))
         keep = [i for i, c in enumerate(configs) if config_key(c) not in seen]
+        if sum(fits[keep]) >= n:  # skip configs the memory estimate already rules out
+            keep = [i for i in keep if fits[i]]
         if not keep:
             return self.fill_random(history, [], n, seen)
         pos = self.positions(pool)[keep]
@@ -275,7 +326,9 @@ class CubicStrategy(Strategy):
             return {}
         base = space.to_arrays([t.params for _, t in ranked])
         rows = rng.integers(0, len(ranked), m)
-        raw = {k: np.asarray(v)[rows].copy() for k, v in base.items() if k in space.names}
+        # Object columns: a fixed-width string array would truncate a longer choice.
+        raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items()
+               if k in space.names}
         finite = [(p, grid) for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
                   if isinstance(grid, list) and len(grid) > 1]
         if not finite:
@@ -290,7 +343,12 @@ class CubicStrategy(Strategy):
                 index = {v: i for i, v in enumerate(grid)}
                 cur = np.array([index.get(v, 0) for v in raw[p.name][rows_j].tolist()])
                 new = np.clip(cur + rng.choice([-1, 1], len(rows_j)), 0, len(grid) - 1)
-                raw[p.name][rows_j] = p.array([grid[i] for i in new])
+                raw[p.name][rows_j] = [grid[i] for i in new]
+        for p, grid in finite:  # a knob switched on by a step may hold an inactive default
+            bad = np.flatnonzero(~np.isin(raw[p.name], np.asarray(grid, dtype=object)))
+            if len(bad):
+                raw[p.name][bad] = [grid[i] for i in rng.integers(0, len(grid), len(bad))]
+        raw = {p.name: p.array(raw[p.name].tolist()) for p in space.parameters}
         arrays, keep = space.resolve_arrays(raw, self.context)
         return {k: v[keep] for k, v in arrays.items()}
 
@@ -337,6 +395,10 @@ class CubicStrategy(Strategy):
         p = model.feasible(X)
         ucb = mu + self.kappa * sd
         score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(
+            history, X)
+        if np.any(likely):  # spend trials only where the config likely runs
+            score = np.where(likely, score, score * 1e-6)
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
         for _ in range(min(n, len(pool))):
