@@ -142,7 +142,7 @@ def test_llm_derived_quantities_by_hand() -> None:
     logits = 6 * 4096 * 32000 / 2
     memory = state + act_peak + logits
     assert r["memory_gb"] == pytest.approx(memory / 1e9)
-    assert r["memory_ratio"] == pytest.approx(memory / 80e9)
+    assert r["memory_ratio"] == pytest.approx(memory / (80 * 2**30))
     active = 4 * (4 * 1024**2 + 2 * 1024 * 4096) + 32000 * 1024
     flops = (6 * active + 6 * 4 * 2048 * 1024) * 16 * 2048 / 8
     assert r["log10_flops_per_gpu"] == pytest.approx(math.log10(flops))
