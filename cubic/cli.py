@@ -305,7 +305,7 @@ def serve(
     port: Annotated[int, typer.Option(help="port")] = 8000,
     db: DbOpt = None,
 ) -> None:
-    """Start the API (health and readiness so far) on the configured database."""
+    """Start the API on the configured database (one process; see README for more)."""
     import uvicorn
 
     from cubic.config import Settings
