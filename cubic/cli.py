@@ -421,6 +421,21 @@ def bench_search_cmd(
                  console=console)
 
 
+@bench_app.command("proposal")
+def bench_proposal_cmd(
+    history: Annotated[int, typer.Option(min=10, help="finished trials in the history")] = 5000,
+    n: Annotated[int, typer.Option(min=1, help="proposals in the round")] = 8,
+    study: Annotated[Path | None, typer.Option(help="study file")] = None,
+) -> None:
+    """Time one proposal round of the cubic strategy (proxy fit included) on one core."""
+    from cubic.bench.proposal import bench_proposal
+
+    r = bench_proposal(study, history=history, n=n)
+    console.print(f"one round of {r['n']} proposals with {r['history']:,} finished trials: "
+                  f"{r['round_with_fit_s']:.2f} s with the proxy fit, "
+                  f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3)")
+
+
 @bench_app.command("service")
 def bench_service_cmd(
     pg: Annotated[str | None, typer.Option(envvar="CUBIC_BENCH_DATABASE_URL",

@@ -1,0 +1,67 @@
+"""``cubic bench proposal``: how long one proposal round of the ``cubic`` strategy takes.
+
+A round for ``n`` parallel workers with ``history`` finished trials: fitting the proxy on the
+whole history, scoring the candidate pool and choosing a diverse batch, on one core. The
+history is random configurations of a benchmark study measured on the simulated cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cubic.sim import simulate
+from cubic.store.objects import Trial, TrialState
+from cubic.strategies.cubic import CubicStrategy
+from cubic.study import load_spec
+
+DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "search_spaces" / "bench" / \
+    "llama3_70b_h100x64.study.yaml"
+
+
+def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
+    """``n`` finished trials: random valid configs, measured without noise."""
+    rng = np.random.default_rng(seed)
+    arrays = study.space.sample_arrays(rng, n, study.context)
+    configs = study.space.from_arrays(arrays)
+    res = simulate(study.workload, arrays)
+    now = datetime.now(UTC)
+    metric = study.spec.objectives[0].metric
+    out = []
+    for i, cfg in enumerate(configs):
+        ok = bool(res.feasible[i])
+        metrics = ({"throughput": float(res.throughput[i]), metric: float(res.throughput[i]),
+                    "peak_memory_gb": float(res.peak_memory[i]) / 1e9,
+                    "error_score": float(res.error_score[i])} if ok else None)
+        out.append(Trial(
+            id=i + 1, study_id=1, number=i, params=cfg,
+            state=TrialState.COMPLETE if ok else TrialState.INFEASIBLE, source="strategy",
+            metrics=metrics, predicted=None, worker_id="bench", lease_token=None,
+            lease_deadline=None, attempt=1, retry_of=None, error=None, log_tail=None,
+            created_at=now, started_at=now, finished_at=now))
+    return out
+
+
+def bench_proposal(study_file: Path | None = None, history: int = 5000, n: int = 8,
+                   repeat: int = 3) -> dict[str, float]:
+    """Seconds for one round (proxy fit included) and for a round on a fitted proxy."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    spec, base = load_spec(study_file or DEFAULT_STUDY)
+    study = spec.resolve(base)
+    trials = synthetic_history(study, history)
+    cold, warm = [], []
+    for r in range(repeat):
+        strategy = CubicStrategy(study, seed=r)
+        t0 = time.perf_counter()
+        strategy.suggest(trials, n)
+        cold.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        strategy.suggest(trials, n)
+        warm.append(time.perf_counter() - t0)
+    return {"history": history, "n": n, "round_with_fit_s": float(np.median(cold)),
+            "round_on_fitted_proxy_s": float(np.median(warm))}

@@ -1,0 +1,11 @@
+"""The proposal-round benchmark runs and reports both timings."""
+
+from __future__ import annotations
+
+from cubic.bench.proposal import bench_proposal
+
+
+def test_bench_proposal_reports_round_times() -> None:
+    r = bench_proposal(history=200, n=4, repeat=1)
+    assert r["history"] == 200 and r["n"] == 4
+    assert r["round_with_fit_s"] > 0 and r["round_on_fitted_proxy_s"] > 0
