@@ -130,16 +130,25 @@ class CubicStrategy(Strategy):
         bound = self.study.spec.constraints.max_error_score
         if bound is None:
             return np.ones(len(X), dtype=bool)
-        done = [t for t in history if t.state == TrialState.COMPLETE and t.metrics
-                and isinstance(t.metrics.get("error_score"), int | float)]
+        def measured(t: Trial) -> bool:
+            return (t.state == TrialState.COMPLETE and bool(t.metrics)
+                    and isinstance(t.metrics.get("error_score"), int | float))
+
+        # The score depends on the knobs alone, so other studies' trials teach it too.
+        done = [(self.study.workload, t) for t in history if measured(t)]
+        done += [(wl, t) for wl, t in self.prior if measured(t)]
         if len(done) < 4:
             return np.ones(len(X), dtype=bool)
         from sklearn.linear_model import Ridge
 
         from cubic.proxy.features import featurize
 
-        Xt = featurize(self.study.workload, [t.params for t in done])
-        yt = np.array([float(t.metrics["error_score"]) for t in done])
+        by_wl: dict[int, list[tuple[Workload, Trial]]] = {}
+        for wl, t in done:
+            by_wl.setdefault(id(wl), []).append((wl, t))
+        Xt = np.concatenate([featurize(g[0][0], [t.params for _, t in g])
+                             for g in by_wl.values()])
+        yt = np.array([float(t.metrics["error_score"]) for g in by_wl.values() for _, t in g])
         if np.ptp(yt) == 0:
             return np.full(len(X), bool(yt[0] <= bound))
         scale = np.maximum(np.abs(Xt).max(axis=0), 1e-12)
@@ -276,15 +285,17 @@ class CubicStrategy(Strategy):
         return _TRANSFER_CACHE[key] >= self.transfer_tau
 
     def _prior_tau(self) -> float:
-        """Kendall tau of a proxy fitted on some prior workloads, scored on another one."""
+        """Kendall tau of a proxy fitted on some prior workloads, scored on another one
+        (leave one workload out), or over folds of the only prior workload."""
         from scipy.stats import kendalltau
 
         from cubic.proxy.model import ProxyModel
 
         X, y, feas, groups = self._training_set([])
         ids = np.unique(groups)
-        if len(ids) < 2:
-            return 0.0
+        if len(ids) < 2:  # one prior workload: three folds within it instead
+            groups = np.random.default_rng(0).integers(0, 3, len(groups))
+            ids = np.unique(groups)
         taus = []
         for gid in ids:
             test = (groups == gid) & feas & np.isfinite(y)
