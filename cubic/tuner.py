@@ -254,7 +254,8 @@ class Tuner:
         return self._proxies[kind][1]
 
     def _room(self, study_id: int, history: list[Trial], want: int) -> int:
-        """How many new trials the budget allows now (retries do not count as new)."""
+        """How many trials to propose now: none while ``want`` are waiting, else all the
+        room the budget leaves (retries do not count as new)."""
         spec = self.resolved(study_id).spec
         b = spec.budget
         # Imported past runs inform the search but cost nothing now: they use no budget.
@@ -266,7 +267,11 @@ class Tuner:
             if used >= b.max_gpu_hours:
                 return 0
         waiting = sum(1 for t in history if t.state == TrialState.WAITING)
-        return max(0, min(want - waiting, b.max_trials - proposed, b.max_parallel - active))
+        if want - waiting <= 0:
+            return 0
+        # Propose for all the parallel room at once, as one diverse batch: the workers that
+        # lease next find waiting trials instead of queueing on the study's proposal lock.
+        return max(0, min(b.max_trials - proposed, b.max_parallel - active))
 
     def heartbeat(self, trial_id: int, lease_token: str,
                   lease_seconds: float = DEFAULT_LEASE_S) -> Trial:

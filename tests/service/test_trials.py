@@ -200,16 +200,17 @@ def test_list_trials_filters_and_pages(client: TestClient) -> None:
     leased = lease(client, sid, "w", 5)
     for t in leased[:3]:
         assert report(client, t, state="failed", error="node lost").status_code == 200
-    # Three failures queued three retries (attempt 2): 8 trials in all.
+    # The lease proposed for all 6 parallel slots at once (5 leased, 1 waiting), and three
+    # failures queued three retries (attempt 2): 9 trials in all.
     page = client.get(f"/v1/studies/{sid}/trials", params={"limit": 3, "offset": 3}).json()
     assert [t["number"] for t in page["items"]] == [3, 4, 5]
-    assert page["total"] == 8
+    assert page["total"] == 9
     failed = client.get(f"/v1/studies/{sid}/trials", params={"state": "failed"}).json()
     assert failed["total"] == 3 and {t["state"] for t in failed["items"]} == {"failed"}
     both = client.get(
         f"/v1/studies/{sid}/trials", params=[("state", "running"), ("state", "waiting")]
     ).json()
-    assert both["total"] == 5
+    assert both["total"] == 6
     trial = client.get(f"/v1/trials/{leased[0]['id']}").json()
     assert [e["to_state"] for e in trial["events"]] == ["waiting", "running", "failed"]
     assert trial["events"][-1]["detail"]["error"] == "node lost"
