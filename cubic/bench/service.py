@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,22 +33,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextmanager
-def pg_schema(base_url: str) -> Iterator[str]:
-    """A URL whose connections use a fresh schema, dropped afterwards."""
-    from cubic.store.engine import make_engine, normalize_url
+def pg_schema(base_url: str) -> Any:
+    """A URL on a fresh PostgreSQL schema, dropped afterwards."""
+    from cubic.store.engine import temporary_schema
 
-    schema = f"cubic_bench_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(base_url)
-    try:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        url = normalize_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        admin.dispose()
+    return temporary_schema(base_url, prefix="cubic_bench")
 
 
 @contextmanager

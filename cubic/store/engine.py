@@ -6,6 +6,9 @@ test), never at import time.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -80,3 +83,22 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
 def is_postgresql(engine: Engine) -> bool:
     """Whether row locks (``FOR UPDATE SKIP LOCKED``) and advisory locks are available."""
     return engine.dialect.name == "postgresql"
+
+
+@contextmanager
+def temporary_schema(base_url: str, prefix: str = "cubic_tmp") -> Iterator[str]:
+    """A PostgreSQL URL whose connections use a fresh schema, dropped afterwards.
+
+    Tests and benchmarks share one server without seeing each other's rows.
+    """
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(base_url)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        url = normalize_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.dispose()

@@ -12,14 +12,13 @@ other's rows, even when several run against the same server at once.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cubic.store import Store
-from cubic.store.engine import make_engine, normalize_url
+from cubic.store.engine import temporary_schema
 
 PG_ENV = "CUBIC_TEST_DATABASE_URL"
 
@@ -33,17 +32,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     base = os.environ.get(PG_ENV)
     if not base:
         pytest.skip(f"{PG_ENV} not set: PostgreSQL contract tests skipped")
-    schema = f"cubic_test_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(base)
-    try:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-        url = normalize_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-    finally:
-        admin.dispose()
+    with temporary_schema(base, prefix="cubic_test") as url:
+        yield url
 
 
 @pytest.fixture
