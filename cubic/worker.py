@@ -65,15 +65,25 @@ class Worker:
         """Ask the loop to wind down (what SIGTERM does)."""
         self.stopping.set()
 
-    def _install_signals(self) -> None:
+    def _install_signals(self) -> dict[int, Any]:
+        """Make SIGTERM/SIGINT wind the loop down; returns the handlers to restore."""
         if threading.current_thread() is not threading.main_thread():
-            return
+            return {}
+        old = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+            old[sig] = signal.signal(sig, lambda *_: self.stop())
+        return old
 
     def run(self, max_trials: int | None = None) -> int:
         """Work until the study is finished, ``max_trials`` are reported, or a stop."""
-        self._install_signals()
+        previous = self._install_signals()
+        try:
+            return self._run(max_trials)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self, max_trials: int | None) -> int:
         study = self.client.get_study(self.study_id)
         spec = study["spec"]
         workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))

@@ -142,3 +142,11 @@ def test_shipped_study_files_resolve(study: Path) -> None:
     spec, base = load_spec(study)
     resolved = spec.resolve(base)
     assert resolved.space.size(resolved.context) > 100
+
+
+def test_demo_runs_the_service_and_workers(tmp_path: Path) -> None:
+    out = cubic("demo", "--trials", "12", "--workers", "2", "--db",
+                f"sqlite:///{tmp_path / 'svc.db'}").stdout
+    assert "service at http://127.0.0.1:" in out
+    assert "speed-up" in out and "API docs: http://127.0.0.1:" in out
+    assert "completed" in out
