@@ -17,8 +17,12 @@ from rich.table import Table
 
 from cubic.errors import CubicError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="cubic: find the fastest configuration for distributed training jobs.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="cubic: find the fastest configuration for distributed training jobs.",
+)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 spaces_app = typer.Typer(no_args_is_help=True, help="Search spaces.")
 study_app = typer.Typer(no_args_is_help=True, help="Studies (search jobs).")
@@ -35,8 +39,10 @@ err_console = Console(stderr=True)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="database URL (CUBIC_DATABASE_URL)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
-UrlOpt = Annotated[str | None, typer.Option("--url", envvar="CUBIC_URL",
-                                            help="cubic service URL (else the local database)")]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="CUBIC_URL", help="cubic service URL (else the local database)"),
+]
 
 
 def _url(db: str | None) -> str:
@@ -77,8 +83,9 @@ def _redact(url: str) -> str:
 @spaces_app.command("validate")
 def spaces_validate(
     file: Path,
-    workload: Annotated[str | None, typer.Option(help="workload name or file, to count the "
-                                                      "valid configs")] = None,
+    workload: Annotated[
+        str | None, typer.Option(help="workload name or file, to count the valid configs")
+    ] = None,
 ) -> None:
     """Check a search-space file; with --workload, also count its valid configurations."""
     from cubic.space import validate_file
@@ -112,14 +119,17 @@ def study_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     tuner = _tuner(db)
     studies = tuner.store.list_studies(limit=1000)
     if json_out:
-        _print_json([{"id": s.id, "name": s.name, "state": str(s.state),
-                      "kind": s.workload_kind} for s in studies])
+        _print_json(
+            [
+                {"id": s.id, "name": s.name, "state": str(s.state), "kind": s.workload_kind}
+                for s in studies
+            ]
+        )
         return
     table = Table("id", "name", "kind", "state", "trials")
     for s in studies:
         counts = tuner.store.count_trials(s.id)
-        table.add_row(str(s.id), s.name, s.workload_kind, str(s.state),
-                      str(sum(counts.values())))
+        table.add_row(str(s.id), s.name, s.workload_kind, str(s.state), str(sum(counts.values())))
     console.print(table)
 
 
@@ -130,8 +140,9 @@ def study_show(study_id: int, db: DbOpt = None, json_out: JsonOpt = False) -> No
     s = tuner.store.get_study(study_id)
     prog = tuner.progress(study_id)
     if json_out:
-        _print_json({"id": s.id, "name": s.name, "state": str(s.state), "spec": s.spec,
-                     "progress": prog})
+        _print_json(
+            {"id": s.id, "name": s.name, "state": str(s.state), "spec": s.spec, "progress": prog}
+        )
         return
     spec = s.spec
     console.print(f"[bold]study {s.id}[/bold]: {s.name} ({s.workload_kind}, {s.state})")
@@ -158,8 +169,10 @@ def trials(
             metric = client.get_study(study_id)["spec"]["objectives"][0]["metric"]
     else:
         tuner = _tuner(db)
-        rows = [_trial_json(t) for t in
-                tuner.store.list_trials(study_id, states=[state] if state else None)]
+        rows = [
+            _trial_json(t)
+            for t in tuner.store.list_trials(study_id, states=[state] if state else None)
+        ]
         metric = tuner.resolved(study_id).spec.objectives[0].metric
     if json_out:
         _print_json(rows)
@@ -167,9 +180,14 @@ def trials(
     table = Table("#", "state", "source", "attempt", metric, "params")
     for t in rows:
         v = (t["metrics"] or {}).get(metric)
-        table.add_row(str(t["number"]), str(t["state"]), t["source"], str(t["attempt"]),
-                      f"{v:,.1f}" if isinstance(v, int | float) else "",
-                      _short(t["params"]))
+        table.add_row(
+            str(t["number"]),
+            str(t["state"]),
+            t["source"],
+            str(t["attempt"]),
+            f"{v:,.1f}" if isinstance(v, int | float) else "",
+            _short(t["params"]),
+        )
     console.print(table)
 
 
@@ -178,9 +196,17 @@ def _short(params: dict[str, Any]) -> str:
 
 
 def _trial_json(t: Any) -> dict[str, Any]:
-    return {"id": t.id, "number": t.number, "state": str(t.state), "source": t.source,
-            "attempt": t.attempt, "params": t.params, "metrics": t.metrics,
-            "predicted": t.predicted, "error": t.error}
+    return {
+        "id": t.id,
+        "number": t.number,
+        "state": str(t.state),
+        "source": t.source,
+        "attempt": t.attempt,
+        "params": t.params,
+        "metrics": t.metrics,
+        "predicted": t.predicted,
+        "error": t.error,
+    }
 
 
 @app.command("best")
@@ -196,9 +222,14 @@ def best(study_id: int, db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt 
         b = tuner.best(study_id)
         if b is None:
             raise CubicError(f"study {study_id} has no complete trial yet")
-        out = {"study_id": study_id, "metric": tuner.resolved(study_id).spec.objectives[0].metric,
-               "trial": _trial_json(b.trial), "value": b.value,
-               "baseline_value": b.baseline_value, "speedup": b.speedup}
+        out = {
+            "study_id": study_id,
+            "metric": tuner.resolved(study_id).spec.objectives[0].metric,
+            "trial": _trial_json(b.trial),
+            "value": b.value,
+            "baseline_value": b.baseline_value,
+            "speedup": b.speedup,
+        }
     if json_out:
         _print_json(out)
         return
@@ -215,8 +246,10 @@ def print_best(best: dict[str, Any], out: Console | None = None) -> None:
     out.print(table)
     out.print(f"{metric}: [bold]{best['value']:,.1f}[/bold]")
     if best.get("speedup") is not None:
-        out.print(f"baseline {metric}: {best['baseline_value']:,.1f}  ->  "
-                  f"speed-up [bold green]{best['speedup']:.2f}x[/bold green]")
+        out.print(
+            f"baseline {metric}: {best['baseline_value']:,.1f}  ->  "
+            f"speed-up [bold green]{best['speedup']:.2f}x[/bold green]"
+        )
 
 
 # simulator ----------------------------------------------------------------------------------
@@ -266,8 +299,9 @@ def simulate_cmd(
 
 @sim_app.command("validate")
 def sim_validate(
-    file: Annotated[Path | None, typer.Argument(help="CSV of published runs (default: shipped)")]
-    = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="CSV of published runs (default: shipped)")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate every published run in a calibration CSV and report the error."""
@@ -279,8 +313,13 @@ def sim_validate(
         return
     table = Table("id", "metric", "published", "predicted", "error")
     for r in res["rows"]:
-        table.add_row(r["id"], r["metric"], f"{r['published']:,.3f}", f"{r['predicted']:,.3f}",
-                      f"{r['error_pct']:+.1f}%")
+        table.add_row(
+            r["id"],
+            r["metric"],
+            f"{r['published']:,.3f}",
+            f"{r['predicted']:,.3f}",
+            f"{r['error_pct']:+.1f}%",
+        )
     console.print(table)
     for src, m in res["by_source"].items():
         console.print(f"MAPE {m:5.1f}%  {src}")
@@ -388,8 +427,14 @@ def worker(
     if runner == "simulated":
         opts = {"seed": seed, "time_scale": time_scale, "max_workers": parallel}
     with CubicClient(url) as client:
-        w = Worker(client, study, make_runner(runner, **opts), worker_id=worker_id,
-                   parallel=parallel, lease_seconds=lease_seconds)
+        w = Worker(
+            client,
+            study,
+            make_runner(runner, **opts),
+            worker_id=worker_id,
+            parallel=parallel,
+            lease_seconds=lease_seconds,
+        )
         n = w.run(max_trials=max_trials)
     console.print(f"worker {w.worker_id}: reported {n} trials")
 
@@ -397,28 +442,40 @@ def worker(
 @bench_app.callback(invoke_without_command=True)
 def bench_search_cmd(
     ctx: typer.Context,
-    studies: Annotated[list[Path] | None, typer.Option(
-        "--studies", help="study files or folders (default: search_spaces/bench/)")] = None,
-    strategies: Annotated[str, typer.Option(help="comma-separated strategy names")]
-    = "cubic,tpe,random",
+    studies: Annotated[
+        list[Path] | None,
+        typer.Option("--studies", help="study files or folders (default: search_spaces/bench/)"),
+    ] = None,
+    strategies: Annotated[
+        str, typer.Option(help="comma-separated strategy names")
+    ] = "cubic,tpe,random",
     seeds: Annotated[str, typer.Option(help="seeds: 0-4 or 0,2,7")] = "0-4",
     workers: Annotated[int, typer.Option(min=1, help="parallel workers")] = 8,
     budget: Annotated[int, typer.Option(min=1, help="trials per run")] = 64,
-    transfer: Annotated[bool, typer.Option(help="give strategies the other studies' "
-                                                "history")] = False,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")]
-    = None,
-    plot: Annotated[Path | None, typer.Option(help="convergence plot (PNG)")]
-    = Path("bench_convergence.png"),
+    transfer: Annotated[
+        bool, typer.Option(help="give strategies the other studies' history")
+    ] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
+    plot: Annotated[Path | None, typer.Option(help="convergence plot (PNG)")] = Path(
+        "bench_convergence.png"
+    ),
 ) -> None:
     """Search efficiency: strategies x studies x seeds on the simulated cluster."""
     if ctx.invoked_subcommand is not None:
         return
     from cubic.bench.search import bench_search
 
-    bench_search(studies=studies or None, strategies=strategies, seeds=seeds, workers=workers,
-                 budget=budget, json_out=json_out, plot_out=plot, transfer=transfer,
-                 console=console)
+    bench_search(
+        studies=studies or None,
+        strategies=strategies,
+        seeds=seeds,
+        workers=workers,
+        budget=budget,
+        json_out=json_out,
+        plot_out=plot,
+        transfer=transfer,
+        console=console,
+    )
 
 
 @bench_app.command("proposal")
@@ -431,23 +488,27 @@ def bench_proposal_cmd(
     from cubic.bench.proposal import bench_proposal
 
     r = bench_proposal(study, history=history, n=n)
-    console.print(f"one round of {r['n']} proposals with {r['history']:,} finished trials: "
-                  f"{r['round_with_fit_s']:.2f} s with the proxy fit, "
-                  f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3)")
+    console.print(
+        f"one round of {r['n']} proposals with {r['history']:,} finished trials: "
+        f"{r['round_with_fit_s']:.2f} s with the proxy fit, "
+        f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3)"
+    )
 
 
 @bench_app.command("service")
 def bench_service_cmd(
-    pg: Annotated[str | None, typer.Option(envvar="CUBIC_BENCH_DATABASE_URL",
-                                           help="PostgreSQL URL (a fresh schema is used)")]
-    = None,
+    pg: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CUBIC_BENCH_DATABASE_URL", help="PostgreSQL URL (a fresh schema is used)"
+        ),
+    ] = None,
     trials: Annotated[int, typer.Option(min=1)] = 500,
     workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 64,
     api_workers: Annotated[int, typer.Option(min=1, help="uvicorn processes")] = 4,
     strategy: str = "random",
     reference: Annotated[bool, typer.Option(help="also run Optuna RDBStorage")] = True,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")]
-    = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
 ) -> None:
     """Lease/report latency and trials/s of many workers against several API processes."""
     import os
@@ -457,23 +518,44 @@ def bench_service_cmd(
     pg = pg or os.environ.get("CUBIC_TEST_DATABASE_URL") or os.environ.get("CUBIC_DATABASE_URL")
     if not pg or not pg.startswith("postgresql"):
         raise CubicError("cubic bench service needs PostgreSQL: pass --pg postgresql+psycopg://...")
-    res = bench_service(pg, trials=trials, workers=workers, api_workers=api_workers,
-                        strategy=strategy, reference=reference)
-    table = Table("system", "trials", "trials/s", "lease p50 ms", "lease p99 ms",
-                  "report p50 ms", "report p99 ms",
-                  title=f"{workers} workers, {trials} trials, PostgreSQL")
+    res = bench_service(
+        pg,
+        trials=trials,
+        workers=workers,
+        api_workers=api_workers,
+        strategy=strategy,
+        reference=reference,
+    )
+    table = Table(
+        "system",
+        "trials",
+        "trials/s",
+        "lease p50 ms",
+        "lease p99 ms",
+        "report p50 ms",
+        "report p99 ms",
+        title=f"{workers} workers, {trials} trials, PostgreSQL",
+    )
     for key in ("cubic", "optuna"):
         if key in res:
             r = res[key]
-            table.add_row(r["system"], str(r["trials"]), f"{r['trials_per_s']:.1f}",
-                          f"{r['lease_p50_ms']:.1f}", f"{r['lease_p99_ms']:.1f}",
-                          f"{r['report_p50_ms']:.1f}", f"{r['report_p99_ms']:.1f}")
+            table.add_row(
+                r["system"],
+                str(r["trials"]),
+                f"{r['trials_per_s']:.1f}",
+                f"{r['lease_p50_ms']:.1f}",
+                f"{r['lease_p99_ms']:.1f}",
+                f"{r['report_p50_ms']:.1f}",
+                f"{r['report_p99_ms']:.1f}",
+            )
     console.print(table)
     inv = res["invariants"]
-    console.print(f"invariants: {inv['trials']} trials, study {inv['study_state']}, "
-                  f"lost reports {len(inv['lost_reports'])}, leased more than once per "
-                  f"attempt {len(inv['trials_leased_not_once'])}, unfinished "
-                  f"{len(inv['unfinished'])}")
+    console.print(
+        f"invariants: {inv['trials']} trials, study {inv['study_state']}, "
+        f"lost reports {len(inv['lost_reports'])}, leased more than once per "
+        f"attempt {len(inv['trials_leased_not_once'])}, unfinished "
+        f"{len(inv['unfinished'])}"
+    )
     console.print("(Optuna's column: ask and tell latency in place of lease and report)")
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
@@ -482,16 +564,19 @@ def bench_service_cmd(
 # demo ---------------------------------------------------------------------------------------
 @app.command("demo")
 def demo(
-    in_process: Annotated[bool, typer.Option("--in-process",
-                                             help="run without the service: one process, "
-                                                  "worker threads")] = False,
+    in_process: Annotated[
+        bool,
+        typer.Option("--in-process", help="run without the service: one process, worker threads"),
+    ] = False,
     port: Annotated[int, typer.Option(help="port of the demo service (0: any free)")] = 0,
-    study: Annotated[Path | None, typer.Option(help="study file (default: the shipped "
-                                                    "Llama-3 70B study)")] = None,
+    study: Annotated[
+        Path | None, typer.Option(help="study file (default: the shipped Llama-3 70B study)")
+    ] = None,
     trials: Annotated[int | None, typer.Option(help="override the trial budget")] = None,
     workers: Annotated[int, typer.Option(help="simulated workers")] = 4,
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default: a fresh "
-                                                        "SQLite file)")] = None,
+    db: Annotated[
+        str | None, typer.Option("--db", help="database URL (default: a fresh SQLite file)")
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and the noise")] = 0,
 ) -> None:
     """Run a whole study against the simulated cluster: service, workers, live progress."""
@@ -500,8 +585,9 @@ def demo(
     if in_process:
         run_demo(study, trials=trials, workers=workers, db=db, seed=seed, console=console)
     else:
-        run_service_demo(study, trials=trials, workers=workers, db=db, seed=seed, port=port,
-                         console=console)
+        run_service_demo(
+            study, trials=trials, workers=workers, db=db, seed=seed, port=port, console=console
+        )
 
 
 def main() -> None:

@@ -44,8 +44,15 @@ def _raise_for(resp: httpx.Response) -> None:
 class CubicClient:
     """A client of one cubic service. Thread-safe (httpx.Client is)."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 5,
-                 backoff: float = 0.2, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
@@ -71,8 +78,11 @@ class CubicClient:
                 if attempt >= self.retries or not (idempotent or never_sent):
                     raise StorageError(f"cannot reach cubic at {self.url}: {exc}") from exc
             else:
-                if resp.status_code not in _RETRY_STATUS or not idempotent \
-                        or attempt >= self.retries:
+                if (
+                    resp.status_code not in _RETRY_STATUS
+                    or not idempotent
+                    or attempt >= self.retries
+                ):
                     _raise_for(resp)
                     return resp.json() if resp.content else None
             time.sleep(self.backoff * (2**attempt))
@@ -86,12 +96,18 @@ class CubicClient:
     def create_study(self, spec: dict[str, Any] | str) -> dict[str, Any]:
         """Submit a study spec: a dict, or the text of a YAML file."""
         if isinstance(spec, str):
-            return self._call("POST", "/v1/studies", idempotent=False, content=spec,
-                              headers={"Content-Type": "application/yaml"})
+            return self._call(
+                "POST",
+                "/v1/studies",
+                idempotent=False,
+                content=spec,
+                headers={"Content-Type": "application/yaml"},
+            )
         return self._call("POST", "/v1/studies", idempotent=False, json=spec)
 
-    def list_studies(self, state: str | None = None, kind: str | None = None,
-                     limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def list_studies(
+        self, state: str | None = None, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> dict[str, Any]:
         return self._get("/v1/studies", state=state, kind=kind, limit=limit, offset=offset)
 
     def get_study(self, study_id: int) -> dict[str, Any]:
@@ -116,10 +132,10 @@ class CubicClient:
         return self._get(f"/v1/studies/{study_id}/best")
 
     # trials -----------------------------------------------------------------------------
-    def trials(self, study_id: int, state: str | None = None, limit: int = 500,
-               offset: int = 0) -> dict[str, Any]:
-        return self._get(f"/v1/studies/{study_id}/trials", state=state, limit=limit,
-                         offset=offset)
+    def trials(
+        self, study_id: int, state: str | None = None, limit: int = 500, offset: int = 0
+    ) -> dict[str, Any]:
+        return self._get(f"/v1/studies/{study_id}/trials", state=state, limit=limit, offset=offset)
 
     def all_trials(self, study_id: int, state: str | None = None) -> list[dict[str, Any]]:
         """Every trial of a study, following the pages."""
@@ -133,36 +149,66 @@ class CubicClient:
     def trial(self, trial_id: int) -> dict[str, Any]:
         return self._get(f"/v1/trials/{trial_id}")
 
-    def lease(self, study_id: int, worker_id: str, count: int = 1,
-              lease_seconds: float = 300.0) -> list[dict[str, Any]]:
+    def lease(
+        self, study_id: int, worker_id: str, count: int = 1, lease_seconds: float = 300.0
+    ) -> list[dict[str, Any]]:
         body = {"worker_id": worker_id, "count": count, "lease_seconds": lease_seconds}
-        resp = self._call("POST", f"/v1/studies/{study_id}/trials:lease", idempotent=True,
-                          json=body)
+        resp = self._call(
+            "POST", f"/v1/studies/{study_id}/trials:lease", idempotent=True, json=body
+        )
         return resp["trials"]
 
-    def heartbeat(self, trial_id: int, lease_token: str,
-                  lease_seconds: float = 300.0) -> dict[str, Any]:
-        return self._call("POST", f"/v1/trials/{trial_id}:heartbeat", idempotent=True,
-                          json={"lease_token": lease_token, "lease_seconds": lease_seconds})
+    def heartbeat(
+        self, trial_id: int, lease_token: str, lease_seconds: float = 300.0
+    ) -> dict[str, Any]:
+        return self._call(
+            "POST",
+            f"/v1/trials/{trial_id}:heartbeat",
+            idempotent=True,
+            json={"lease_token": lease_token, "lease_seconds": lease_seconds},
+        )
 
-    def report(self, trial_id: int, lease_token: str, state: str,
-               metrics: dict[str, Any] | None = None, error: str | None = None,
-               log_tail: str | None = None) -> dict[str, Any]:
-        body = {"lease_token": lease_token, "state": state, "metrics": metrics or {},
-                "error": error, "log_tail": log_tail}
+    def report(
+        self,
+        trial_id: int,
+        lease_token: str,
+        state: str,
+        metrics: dict[str, Any] | None = None,
+        error: str | None = None,
+        log_tail: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "lease_token": lease_token,
+            "state": state,
+            "metrics": metrics or {},
+            "error": error,
+            "log_tail": log_tail,
+        }
         return self._call("POST", f"/v1/trials/{trial_id}:report", idempotent=True, json=body)
 
     def release(self, trial_id: int, lease_token: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/trials/{trial_id}:release", idempotent=True,
-                          json={"lease_token": lease_token})
+        return self._call(
+            "POST",
+            f"/v1/trials/{trial_id}:release",
+            idempotent=True,
+            json={"lease_token": lease_token},
+        )
 
     def enqueue(self, study_id: int, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._call("POST", f"/v1/studies/{study_id}/trials:enqueue", idempotent=False,
-                          json={"configs": configs})
+        return self._call(
+            "POST",
+            f"/v1/studies/{study_id}/trials:enqueue",
+            idempotent=False,
+            json={"configs": configs},
+        )
 
     def import_history(self, study_id: int, trials: list[dict[str, Any]]) -> Any:
-        return self._call("POST", f"/v1/studies/{study_id}/trials:import", idempotent=False,
-                          json={"trials": trials})
+        return self._call(
+            "POST",
+            f"/v1/studies/{study_id}/trials:import",
+            idempotent=False,
+            json={"trials": trials},
+        )
 
     def healthz(self) -> dict[str, Any]:
         return self._get("/healthz")

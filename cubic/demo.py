@@ -32,8 +32,9 @@ from cubic.tuner import Tuner
 DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "search_spaces" / "llama3_70b.study.yaml"
 
 
-def run_worker(tuner: Tuner, study_id: int, worker_id: str, seed: int,
-               stop: threading.Event, on_done=None) -> int:
+def run_worker(
+    tuner: Tuner, study_id: int, worker_id: str, seed: int, stop: threading.Event, on_done=None
+) -> int:
     """Lease, run and report trials until the study has nothing left to propose."""
     resolved = tuner.resolved(study_id)
     done = 0
@@ -53,8 +54,15 @@ def run_worker(tuner: Tuner, study_id: int, worker_id: str, seed: int,
     return done
 
 
-def run_demo(study_file: Path | None = None, *, trials: int | None = None, workers: int = 4,
-             db: str | None = None, seed: int = 0, console: Console | None = None) -> int:
+def run_demo(
+    study_file: Path | None = None,
+    *,
+    trials: int | None = None,
+    workers: int = 4,
+    db: str | None = None,
+    seed: int = 0,
+    console: Console | None = None,
+) -> int:
     console = console or Console()
     spec, base = load_spec(study_file or DEFAULT_STUDY)
     updates = {"strategy": spec.strategy.model_copy(update={"seed": seed})}
@@ -70,15 +78,22 @@ def run_demo(study_file: Path | None = None, *, trials: int | None = None, worke
     study = tuner.create_study(spec, base)
     r = tuner.resolved(study.id)
     wl = r.workload
-    console.print(f"[bold]cubic demo[/bold]: study {study.id} '{spec.name}': "
-                  f"{wl.name} on {wl.cluster.num_gpus}x {wl.cluster.gpu}, "
-                  f"strategy {spec.strategy.name}, {spec.budget.max_trials} trials, "
-                  f"{workers} simulated workers")
+    console.print(
+        f"[bold]cubic demo[/bold]: study {study.id} '{spec.name}': "
+        f"{wl.name} on {wl.cluster.num_gpus}x {wl.cluster.gpu}, "
+        f"strategy {spec.strategy.name}, {spec.budget.max_trials} trials, "
+        f"{workers} simulated workers"
+    )
     metric = spec.objectives[0].metric
     stop = threading.Event()
     lock = threading.Lock()
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         task = progress.add_task("trials", total=spec.budget.max_trials)
         best = {"v": None}
 
@@ -92,9 +107,12 @@ def run_demo(study_file: Path | None = None, *, trials: int | None = None, worke
                 shown = f"{best['v']:,.0f}" if best["v"] is not None else "-"
                 progress.update(task, description=f"trials (best {metric} {shown})")
 
-        threads = [threading.Thread(target=run_worker,
-                                    args=(tuner, study.id, f"demo-{i}", seed, stop, on_done))
-                   for i in range(workers)]
+        threads = [
+            threading.Thread(
+                target=run_worker, args=(tuner, study.id, f"demo-{i}", seed, stop, on_done)
+            )
+            for i in range(workers)
+        ]
         for th in threads:
             th.start()
         try:
@@ -111,9 +129,16 @@ def run_demo(study_file: Path | None = None, *, trials: int | None = None, worke
         return 1
     from cubic.cli import print_best
 
-    print_best({"metric": metric, "trial": {"number": b.trial.number, "params": b.trial.params},
-                "value": b.value, "baseline_value": b.baseline_value, "speedup": b.speedup},
-               console)
+    print_best(
+        {
+            "metric": metric,
+            "trial": {"number": b.trial.number, "params": b.trial.params},
+            "value": b.value,
+            "baseline_value": b.baseline_value,
+            "speedup": b.speedup,
+        },
+        console,
+    )
     console.print(f"database: {db}")
     return 0
 
@@ -137,9 +162,16 @@ def _wait_ready(client: CubicClient, proc: subprocess.Popen, timeout: float = 60
     raise CubicError("the demo service did not become ready in time")
 
 
-def run_service_demo(study_file: Path | None = None, *, trials: int | None = None,
-                     workers: int = 4, db: str | None = None, seed: int = 0, port: int = 0,
-                     console: Console | None = None) -> int:
+def run_service_demo(
+    study_file: Path | None = None,
+    *,
+    trials: int | None = None,
+    workers: int = 4,
+    db: str | None = None,
+    seed: int = 0,
+    port: int = 0,
+    console: Console | None = None,
+) -> int:
     """The whole system on one machine: the API on SQLite, simulated workers, a study."""
     console = console or Console()
     spec, base = load_spec(study_file or DEFAULT_STUDY)
@@ -156,26 +188,50 @@ def run_service_demo(study_file: Path | None = None, *, trials: int | None = Non
     env = {**os.environ, "CUBIC_DATABASE_URL": db, "CUBIC_URL": url}
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(subprocess.Popen([*cli, "serve", "--port", str(port)], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        procs.append(
+            subprocess.Popen(
+                [*cli, "serve", "--port", str(port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+        )
         with CubicClient(url) as client:
             _wait_ready(client, procs[0])
             study = client.create_study(resolved.spec.model_dump(mode="json"))
             wl = resolved.workload
             console.print(f"[bold]cubic demo[/bold]: service at {url} (SQLite: {db})")
-            console.print(f"study {study['id']} '{study['name']}': {wl.name} on "
-                          f"{wl.cluster.num_gpus}x {wl.cluster.gpu}, strategy "
-                          f"{resolved.spec.strategy.name}, "
-                          f"{resolved.spec.budget.max_trials} trials, {workers} workers")
+            console.print(
+                f"study {study['id']} '{study['name']}': {wl.name} on "
+                f"{wl.cluster.num_gpus}x {wl.cluster.gpu}, strategy "
+                f"{resolved.spec.strategy.name}, "
+                f"{resolved.spec.budget.max_trials} trials, {workers} workers"
+            )
             for i in range(workers):
-                procs.append(subprocess.Popen(
-                    [*cli, "worker", "--study", str(study["id"]), "--runner", "simulated",
-                     "--worker-id", f"demo-worker-{i}", "--seed", str(seed)],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            *cli,
+                            "worker",
+                            "--study",
+                            str(study["id"]),
+                            "--runner",
+                            "simulated",
+                            "--worker-id",
+                            f"demo-worker-{i}",
+                            "--seed",
+                            str(seed),
+                        ],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    )
+                )
             final = watch_study(client, study["id"], console)
             counts = final["progress"]["counts"]
-            console.print("trials by state: "
-                          + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+            console.print(
+                "trials by state: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            )
             from cubic.cli import print_best
 
             print_best(client.best(study["id"]), console)

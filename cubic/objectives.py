@@ -9,8 +9,12 @@ from cubic.study import StudySpec
 from cubic.workload import Workload
 
 
-def violations(spec: StudySpec, workload: Workload, metrics: Mapping[str, Any],
-               params: Mapping[str, Any] | None = None) -> list[str]:
+def violations(
+    spec: StudySpec,
+    workload: Workload,
+    metrics: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Why a complete trial breaks the study's constraints (empty when it respects them)."""
     c = spec.constraints
     out: list[str] = []

@@ -131,9 +131,7 @@ class StudySpec(_Spec):
                     f"baseline: not a valid config of the space: {'; '.join(problems)}",
                     field="baseline",
                 )
-        inline = self.model_copy(
-            update={"workload": workload.to_dict(), "space": space.to_dict()}
-        )
+        inline = self.model_copy(update={"workload": workload.to_dict(), "space": space.to_dict()})
         return ResolvedStudy(inline, workload, space)
 
 

@@ -26,6 +26,7 @@ from cubic.study import ResolvedStudy, StudySpec
 from cubic.workload import Workload
 
 DEFAULT_LEASE_S = 300.0
+MAX_CACHED_STRATEGIES = 32
 
 STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
     StudyState.PAUSED: frozenset({StudyState.RUNNING}),
@@ -129,8 +130,9 @@ class Tuner:
         if not isinstance(cfg, dict):
             raise InvalidInput(f"{field}: a config must be a mapping", field=field)
         try:
-            params = r.space.complete({k: v for k, v in cfg.items() if k in r.space.names},
-                                      r.context)
+            params = r.space.complete(
+                {k: v for k, v in cfg.items() if k in r.space.names}, r.context
+            )
         except SpaceError as exc:
             raise InvalidInput(f"{field}: {exc}", field=field) from exc
         problems = r.space.validate(params, r.context)
@@ -138,9 +140,9 @@ class Tuner:
             raise InvalidInput(f"{field}: {'; '.join(problems)}", field=field)
         return params
 
-    def import_history(self, study_id: int,
-                       records: Sequence[tuple[dict[str, Any], str, dict[str, Any] | None]]
-                       ) -> list[Trial]:
+    def import_history(
+        self, study_id: int, records: Sequence[tuple[dict[str, Any], str, dict[str, Any] | None]]
+    ) -> list[Trial]:
         """Add past runs (an earlier campaign, hand-run benchmarks) as finished trials.
 
         Each record is ``(params, state, metrics)`` with state ``complete``, ``infeasible`` or
@@ -159,23 +161,29 @@ class Tuner:
         for i, (cfg, state, metrics) in enumerate(records):
             field = f"trials.{i}"
             if state not in _IMPORT_STATES:
-                raise InvalidInput(f"{field}.state: expected one of {list(_IMPORT_STATES)}, "
-                                   f"got {state!r}", field=f"{field}.state")
+                raise InvalidInput(
+                    f"{field}.state: expected one of {list(_IMPORT_STATES)}, got {state!r}",
+                    field=f"{field}.state",
+                )
             params = self._checked_config(r, cfg, f"{field}.params")
             if state == "complete":
                 if objective_values(r.spec, metrics or {}) is None:
-                    missing = [o.metric for o in r.spec.objectives
-                               if o.metric not in (metrics or {})]
-                    raise InvalidInput(f"{field}.metrics: missing objective metric(s) "
-                                       f"{missing}", field=f"{field}.metrics")
+                    missing = [
+                        o.metric for o in r.spec.objectives if o.metric not in (metrics or {})
+                    ]
+                    raise InvalidInput(
+                        f"{field}.metrics: missing objective metric(s) {missing}",
+                        field=f"{field}.metrics",
+                    )
                 if violations(r.spec, r.workload, metrics or {}, params):
                     state = "infeasible"
             prepared.append((params, state, metrics or None))
         return self.store.add_finished_trials(study_id, prepared, source="imported")
 
     # the trial loop ---------------------------------------------------------------------
-    def ask(self, study_id: int, worker_id: str, n: int = 1,
-            lease_seconds: float = DEFAULT_LEASE_S) -> list[Trial]:
+    def ask(
+        self, study_id: int, worker_id: str, n: int = 1, lease_seconds: float = DEFAULT_LEASE_S
+    ) -> list[Trial]:
         """Lease up to ``n`` trials to ``worker_id``, proposing new ones when none wait.
 
         Idempotent per worker: a worker that asks again gets its own running trials back
@@ -186,8 +194,11 @@ class Tuner:
             raise InvalidInput("count must be at least 1", field="count")
         study = self.store.get_study(study_id)
         if study.state != StudyState.RUNNING:
-            return [t for t in self.store.list_trials(study_id, states=[TrialState.RUNNING])
-                    if t.worker_id == worker_id]
+            return [
+                t
+                for t in self.store.list_trials(study_id, states=[TrialState.RUNNING])
+                if t.worker_id == worker_id
+            ]
         leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
         if len(leased) >= n:
             return leased
@@ -198,7 +209,9 @@ class Tuner:
                 proposals = self._strategy(study_id).suggest(history, k)
                 if proposals:
                     self.store.add_trials(
-                        study_id, [p.params for p in proposals], source="strategy",
+                        study_id,
+                        [p.params for p in proposals],
+                        source="strategy",
                         predicted=[p.predicted for p in proposals],
                     )
             leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
@@ -208,9 +221,10 @@ class Tuner:
         """The study's strategy, kept per process so that its caches (candidate pool, fitted
         proxy) last across rounds; a strategy that learns across studies gets the finished
         trials of other studies of the same workload kind and the newest stored proxy."""
-        if study_id not in self._strategies:
-            self._strategies[study_id] = make_strategy(self.resolved(study_id))
-        strategy = self._strategies[study_id]
+        strategy = self._strategies.pop(study_id, None) or make_strategy(self.resolved(study_id))
+        self._strategies[study_id] = strategy  # most recently used last
+        while len(self._strategies) > MAX_CACHED_STRATEGIES:  # bound the candidate pools kept
+            del self._strategies[next(iter(self._strategies))]
         if getattr(strategy, "accepts_prior", False):
             kind = self.resolved(study_id).workload.kind
             strategy.set_prior(self._prior(kind, study_id))
@@ -219,8 +233,7 @@ class Tuner:
                 strategy.proxy = self._latest_proxy(kind)
         return strategy
 
-    def _prior(self, kind: str, study_id: int, ttl_s: float = 60.0
-               ) -> list[tuple[Workload, Trial]]:
+    def _prior(self, kind: str, study_id: int, ttl_s: float = 60.0) -> list[tuple[Workload, Trial]]:
         """Finished trials of the other studies of ``kind``, with their workloads (cached)."""
         key = (kind, study_id)
         cached = self._priors.get(key)
@@ -228,8 +241,8 @@ class Tuner:
             return cached[1]
         out = []
         for t in self.store.history_for_kind(
-                kind, exclude_study=study_id,
-                states=[TrialState.COMPLETE, TrialState.INFEASIBLE]):
+            kind, exclude_study=study_id, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
+        ):
             try:
                 out.append((self.resolved(t.study_id).workload, t))
             except CubicError:
@@ -273,8 +286,9 @@ class Tuner:
         # lease next find waiting trials instead of queueing on the study's proposal lock.
         return max(0, min(b.max_trials - proposed, b.max_parallel - active))
 
-    def heartbeat(self, trial_id: int, lease_token: str,
-                  lease_seconds: float = DEFAULT_LEASE_S) -> Trial:
+    def heartbeat(
+        self, trial_id: int, lease_token: str, lease_seconds: float = DEFAULT_LEASE_S
+    ) -> Trial:
         return self.store.heartbeat(trial_id, lease_token, lease_seconds)
 
     def tell(self, trial_id: int, lease_token: str, outcome: Outcome) -> Trial:
@@ -289,14 +303,19 @@ class Tuner:
             r = self.resolved(t.study_id)
             if objective_values(r.spec, outcome.metrics) is None:
                 missing = [o.metric for o in r.spec.objectives if o.metric not in outcome.metrics]
-                raise InvalidInput(f"metrics: missing objective metric(s) {missing}",
-                                   field="metrics")
+                raise InvalidInput(
+                    f"metrics: missing objective metric(s) {missing}", field="metrics"
+                )
             bad = violations(r.spec, r.workload, outcome.metrics, t.params)
             if bad:
                 error = "constraint violated: " + "; ".join(bad)
         trial, _retry = self.store.finish_trial(
-            trial_id, lease_token, TrialState(outcome.state), metrics=outcome.metrics or None,
-            error=error, log_tail=outcome.log_tail,
+            trial_id,
+            lease_token,
+            TrialState(outcome.state),
+            metrics=outcome.metrics or None,
+            error=error,
+            log_tail=outcome.log_tail,
         )
         self._maybe_complete(trial.study_id)
         return trial
@@ -344,8 +363,10 @@ class Tuner:
                 return study
             if study.state not in STUDY_TRANSITIONS[target]:
                 allowed = ", ".join(sorted(STUDY_TRANSITIONS[target]))
-                raise Conflict(f"study {study_id} is {study.state} and cannot become "
-                               f"{target} (only from: {allowed})")
+                raise Conflict(
+                    f"study {study_id} is {study.state} and cannot become "
+                    f"{target} (only from: {allowed})"
+                )
             study = self.store.set_study_state(study_id, target)
         if target == StudyState.RUNNING:
             # Its last trials may have finished while it was paused: it may be done already.
@@ -357,8 +378,10 @@ class Tuner:
     def progress(self, study_id: int) -> dict[str, Any]:
         counts = self.store.count_trials(study_id)
         spec = self.resolved(study_id).spec
-        return {"counts": {str(k): v for k, v in counts.items()},
-                "max_trials": spec.budget.max_trials}
+        return {
+            "counts": {str(k): v for k, v in counts.items()},
+            "max_trials": spec.budget.max_trials,
+        }
 
     def best(self, study_id: int) -> Best | None:
         """The best complete trial that respects the constraints, with the baseline's value."""
@@ -374,14 +397,13 @@ class Tuner:
         base_keys = {config_key(t.params) for t, _ in scored if t.source == "baseline"}
         baseline = [(t, v) for t, v in scored if config_key(t.params) in base_keys]
         bt, bv = baseline[-1] if baseline else (None, None)
-        return Best(best[0], best[1], bt, bv,
-                    minimize=spec.objectives[0].direction == "minimize")
+        return Best(best[0], best[1], bt, bv, minimize=spec.objectives[0].direction == "minimize")
 
     def _scored(self, study_id: int) -> Iterator[tuple[Trial, float | None]]:
         spec = self.resolved(study_id).spec
-        for t in self.store.list_trials(study_id, states=[TrialState.COMPLETE,
-                                                          TrialState.INFEASIBLE,
-                                                          TrialState.FAILED]):
+        for t in self.store.list_trials(
+            study_id, states=[TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED]
+        ):
             v = None
             if t.state == TrialState.COMPLETE and t.metrics and not (t.error or ""):
                 vals = objective_values(spec, t.metrics)

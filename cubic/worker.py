@@ -39,11 +39,20 @@ class _Active:
 class Worker:
     """Runs trials of one study through a runner until the study has nothing left."""
 
-    def __init__(self, client: CubicClient, study_id: int, runner: Runner, *,
-                 worker_id: str | None = None, parallel: int = 1,
-                 lease_seconds: float = 300.0, poll_s: float = 0.05, idle_s: float = 0.5,
-                 grace_s: float = 30.0,
-                 on_report: Callable[[dict[str, Any], Outcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: CubicClient,
+        study_id: int,
+        runner: Runner,
+        *,
+        worker_id: str | None = None,
+        parallel: int = 1,
+        lease_seconds: float = 300.0,
+        poll_s: float = 0.05,
+        idle_s: float = 0.5,
+        grace_s: float = 30.0,
+        on_report: Callable[[dict[str, Any], Outcome], None] | None = None,
+    ) -> None:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self.client = client
@@ -108,21 +117,27 @@ class Worker:
             beat.join(timeout=5)
         return self.reported
 
-    def _lease_more(self, workload: dict[str, Any], timeout: float,
-                    max_trials: int | None) -> int:
+    def _lease_more(self, workload: dict[str, Any], timeout: float, max_trials: int | None) -> int:
         room = self.parallel - len(self._active)
         if max_trials is not None:
             room = min(room, max_trials - self.reported - len(self._active))
         if room <= 0:
             return 0
         new = 0
-        for t in self.client.lease(self.study_id, self.worker_id, len(self._active) + room,
-                                   self.lease_seconds):
+        for t in self.client.lease(
+            self.study_id, self.worker_id, len(self._active) + room, self.lease_seconds
+        ):
             if t["id"] in self._active:
                 continue  # our own running trial, handed back by the idempotent lease
-            job = TrialJob(trial_id=t["id"], study_id=self.study_id, number=t["number"],
-                           attempt=t["attempt"], params=t["params"], workload=workload,
-                           timeout_s=timeout)
+            job = TrialJob(
+                trial_id=t["id"],
+                study_id=self.study_id,
+                number=t["number"],
+                attempt=t["attempt"],
+                params=t["params"],
+                workload=workload,
+                timeout_s=timeout,
+            )
             with self._lock:
                 self._active[t["id"]] = _Active(t, self.runner.submit(job))
             new += 1
@@ -142,9 +157,14 @@ class Worker:
 
     def _report(self, lease: dict[str, Any], outcome: Outcome) -> None:
         try:
-            self.client.report(lease["id"], lease["lease_token"], outcome.state,
-                               metrics=outcome.metrics, error=outcome.error,
-                               log_tail=outcome.log_tail)
+            self.client.report(
+                lease["id"],
+                lease["lease_token"],
+                outcome.state,
+                metrics=outcome.metrics,
+                error=outcome.error,
+                log_tail=outcome.log_tail,
+            )
         except Conflict as exc:
             log.warning("trial %s: report refused (%s); the lease was lost", lease["id"], exc)
             return

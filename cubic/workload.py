@@ -195,8 +195,15 @@ class Workload:
         m = self.model
         if isinstance(m, LLM):
             ctx.update(
-                layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads,
-                ffn=m.ffn, vocab=m.vocab, seq_len=m.seq_len, experts=m.experts, top_k=m.top_k,
+                layers=m.layers,
+                hidden=m.hidden,
+                heads=m.heads,
+                kv_heads=m.kv_heads,
+                ffn=m.ffn,
+                vocab=m.vocab,
+                seq_len=m.seq_len,
+                experts=m.experts,
+                top_k=m.top_k,
             )
         else:
             ctx.update(num_tables=len(m.tables), embedding_dim=m.embedding_dim)
@@ -308,11 +315,60 @@ def _validate(wl: Workload, source: str) -> None:
 # Criteo 1TB (MLPerf DLRM): 26 categorical features; row counts as published with the data
 # set, the multi-hot pooling factors of MLPerf's DLRM-DCNv2 reference.
 CRITEO_ROWS = (
-    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
-    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
 )
 CRITEO_MULTIHOT = (
-    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+    3,
+    2,
+    1,
+    2,
+    6,
+    1,
+    1,
+    1,
+    1,
+    7,
+    3,
+    8,
+    1,
+    6,
+    9,
+    5,
+    1,
+    1,
+    1,
+    12,
+    100,
+    27,
+    10,
+    3,
+    1,
+    1,
 )
 
 
@@ -323,8 +379,17 @@ def _criteo_tables(pooling: tuple[int, ...] | None) -> tuple[EmbeddingTable, ...
     )
 
 
-def _llm(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
-         seq: int, gated: bool) -> LLM:
+def _llm(
+    name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv: int,
+    ffn: int,
+    vocab: int,
+    seq: int,
+    gated: bool,
+) -> LLM:
     return LLM(name, layers, hidden, heads, kv, ffn, vocab, seq, gated)
 
 
@@ -333,35 +398,49 @@ PRESETS: dict[str, Workload] = {
     for w in (
         # Brown et al. 2020; trained at 2048 tokens, as in Megatron-LM's SC21 runs.
         Workload(
-            "gpt3_175b", _llm("gpt3_175b", 96, 12288, 96, 96, 49152, 51200, 2048, False),
-            Cluster("a100_80gb", 1024), Training(1536),
+            "gpt3_175b",
+            _llm("gpt3_175b", 96, 12288, 96, 96, 49152, 51200, 2048, False),
+            Cluster("a100_80gb", 1024),
+            Training(1536),
         ),
         # Llama 3 herd of models (Meta, 2024), model card shapes.
         Workload(
-            "llama3_8b", _llm("llama3_8b", 32, 4096, 32, 8, 14336, 128256, 8192, True),
-            Cluster("h100_sxm", 64), Training(512),
+            "llama3_8b",
+            _llm("llama3_8b", 32, 4096, 32, 8, 14336, 128256, 8192, True),
+            Cluster("h100_sxm", 64),
+            Training(512),
         ),
         Workload(
-            "llama3_70b", _llm("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, True),
-            Cluster("h100_sxm", 64), Training(512),
+            "llama3_70b",
+            _llm("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, True),
+            Cluster("h100_sxm", 64),
+            Training(512),
         ),
         Workload(
-            "llama3_405b", _llm("llama3_405b", 126, 16384, 128, 8, 53248, 128256, 8192, True),
-            Cluster("h100_sxm", 1024), Training(1024),
+            "llama3_405b",
+            _llm("llama3_405b", 126, 16384, 128, 8, 53248, 128256, 8192, True),
+            Cluster("h100_sxm", 1024),
+            Training(1024),
         ),
         Workload(
             "dlrm_criteo_dot",
             DLRM("dlrm_criteo_dot", _criteo_tables(None)),
-            Cluster("a100_80gb", 8), Training(65536, optimizer="rowwise_adagrad"),
+            Cluster("a100_80gb", 8),
+            Training(65536, optimizer="rowwise_adagrad"),
         ),
         Workload(
             "dlrm_criteo_dcnv2",
             DLRM(
-                "dlrm_criteo_dcnv2", _criteo_tables(CRITEO_MULTIHOT),
-                bottom_mlp=(512, 256, 128), top_mlp=(1024, 1024, 512, 256, 1),
-                interaction="dcnv2", dcn_rank=512, dcn_layers=3,
+                "dlrm_criteo_dcnv2",
+                _criteo_tables(CRITEO_MULTIHOT),
+                bottom_mlp=(512, 256, 128),
+                top_mlp=(1024, 1024, 512, 256, 1),
+                interaction="dcnv2",
+                dcn_rank=512,
+                dcn_layers=3,
             ),
-            Cluster("a100_80gb", 8), Training(65536, optimizer="rowwise_adagrad"),
+            Cluster("a100_80gb", 8),
+            Training(65536, optimizer="rowwise_adagrad"),
         ),
     )
 }

@@ -83,8 +83,7 @@ async def reap_forever(tuner: Tuner, interval_s: float) -> None:
             log.info("reaped %d expired lease(s): trials %s", len(reaped), [t.id for t in reaped])
 
 
-def retrain_forever(store: Store, stop: threading.Event, every: int,
-                    interval_s: float) -> None:
+def retrain_forever(store: Store, stop: threading.Event, every: int, interval_s: float) -> None:
     """Refit each workload kind's proxy once ``every`` new trials finished (a thread).
 
     Fitting is CPU-bound: it runs here, off the request path, and the tuner only loads the
@@ -103,8 +102,9 @@ def retrain_forever(store: Store, stop: threading.Event, every: int,
                 continue
             if version is not None:
                 observe_proxy_fit(time.perf_counter() - t0)
-                log.info("proxy model %s v%d fitted on %d trials", kind, version.version,
-                         version.n_train)
+                log.info(
+                    "proxy model %s v%d fitted on %d trials", kind, version.version, version.n_train
+                )
         stop.wait(interval_s)
 
 
@@ -124,8 +124,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         stop = threading.Event()
         retrainer = threading.Thread(
-            target=retrain_forever, name="cubic-retrainer", daemon=True,
-            args=(store, stop, config.retrain_every, config.retrain_interval_s))
+            target=retrain_forever,
+            name="cubic-retrainer",
+            daemon=True,
+            args=(store, stop, config.retrain_every, config.retrain_interval_s),
+        )
         retrainer.start()
         try:
             yield

@@ -18,17 +18,25 @@ def cubic(*args: str, db: Path | None = None, check: bool = True) -> subprocess.
     env = {**os.environ, "COLUMNS": "200"}
     if db is not None:
         env["CUBIC_DATABASE_URL"] = f"sqlite:///{db}"
-    proc = subprocess.run([sys.executable, "-m", "cubic.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"cubic {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"cubic {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
 def test_spaces_validate_ok_counts_configs() -> None:
-    out = cubic("spaces", "validate", str(SPACES / "llm_pretrain.yaml"),
-                "--workload", "llama3_70b").stdout
+    out = cubic(
+        "spaces", "validate", str(SPACES / "llm_pretrain.yaml"), "--workload", "llama3_70b"
+    ).stdout
     assert "ok, 16 parameters" in out
     assert "valid configurations for llama3_70b" in out
 
@@ -39,12 +47,16 @@ def test_spaces_validate_ok_counts_configs() -> None:
         ("parameters: {tp: {type: int, low: 4, high: 2}}", "parameter 'tp'"),
         ("parameters: {tp: {type: wat}}", "parameter 'tp'"),
         ("parameters: [oops", "bad.yaml"),
-        ("parameters: {a: {type: bool, when: 'b > 1', default: false},"
-         " b: {type: int, low: 1, high: 2}}", "parameter 'a'"),
+        (
+            "parameters: {a: {type: bool, when: 'b > 1', default: false},"
+            " b: {type: int, low: 1, high: 2}}",
+            "parameter 'a'",
+        ),
     ],
 )
-def test_spaces_validate_broken_file_is_one_line_exit_2(tmp_path: Path, text: str,
-                                                        needle: str) -> None:
+def test_spaces_validate_broken_file_is_one_line_exit_2(
+    tmp_path: Path, text: str, needle: str
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     proc = cubic("spaces", "validate", str(bad), check=False)
@@ -88,16 +100,26 @@ def test_bad_study_spec_names_the_field(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     cubic("db", "upgrade", db=db)
     study = tmp_path / "s.yaml"
-    study.write_text("name: x\nworkload: llama3_8b\nspace: {parameters: {a: {type: bool}}}\n"
-                     "budget: {max_trials: -1}\n")
+    study.write_text(
+        "name: x\nworkload: llama3_8b\nspace: {parameters: {a: {type: bool}}}\n"
+        "budget: {max_trials: -1}\n"
+    )
     proc = cubic("study", "create", str(study), db=db, check=False)
     assert proc.returncode == 2
     assert "budget.max_trials" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_demo_finds_a_faster_config_than_the_baseline(tmp_path: Path) -> None:
-    out = cubic("demo", "--in-process", "--trials", "16", "--workers", "2", "--db",
-                f"sqlite:///{tmp_path / 'd.db'}").stdout
+    out = cubic(
+        "demo",
+        "--in-process",
+        "--trials",
+        "16",
+        "--workers",
+        "2",
+        "--db",
+        f"sqlite:///{tmp_path / 'd.db'}",
+    ).stdout
     assert "best config" in out
     assert "speed-up" in out
     speedup = float(out.split("speed-up")[1].split("x")[0])
@@ -107,8 +129,9 @@ def test_demo_finds_a_faster_config_than_the_baseline(tmp_path: Path) -> None:
 def test_simulate_one_config(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tp: 8\npp: 4\nmicro_batch: 1\nrecompute: full\nsequence_parallel: true\n")
-    row = json.loads(cubic("simulate", "--workload", "llama3_70b", "--config", str(cfg),
-                           "--json").stdout)
+    row = json.loads(
+        cubic("simulate", "--workload", "llama3_70b", "--config", str(cfg), "--json").stdout
+    )
     assert row["feasible"] and row["throughput_unit"] == "tokens/s"
     assert 0.1 < row["mfu"] < 0.7
     assert row["step_time_s"] == pytest.approx(sum(row["breakdown_s"].values()), rel=0.05)
@@ -145,8 +168,9 @@ def test_shipped_study_files_resolve(study: Path) -> None:
 
 
 def test_demo_runs_the_service_and_workers(tmp_path: Path) -> None:
-    out = cubic("demo", "--trials", "12", "--workers", "2", "--db",
-                f"sqlite:///{tmp_path / 'svc.db'}").stdout
+    out = cubic(
+        "demo", "--trials", "12", "--workers", "2", "--db", f"sqlite:///{tmp_path / 'svc.db'}"
+    ).stdout
     assert "service at http://127.0.0.1:" in out
     assert "speed-up" in out and "API docs: http://127.0.0.1:" in out
     assert "completed" in out

@@ -23,8 +23,7 @@ def test_builtin_catalogue_has_the_published_figures() -> None:
 
 def test_user_hardware_from_yaml_inherits_from_a_base(tmp_path: Path) -> None:
     f = tmp_path / "hw.yaml"
-    f.write_text("gpus:\n  h100_nvl_test:\n    base: h100_sxm\n    hbm_gb: 94\n"
-                 "    hbm_gbs: 3900\n")
+    f.write_text("gpus:\n  h100_nvl_test:\n    base: h100_sxm\n    hbm_gb: 94\n    hbm_gbs: 3900\n")
     (gpu,) = load_hardware(f)
     assert get_gpu("h100_nvl_test") is gpu
     assert gpu.hbm_gb == 94 and gpu.peak("bf16") == get_gpu("h100_sxm").peak("bf16")

@@ -32,9 +32,14 @@ WORKLOAD = {"preset": "llama3_8b"}
 
 
 def _spec(**kw: Any) -> Any:
-    base = {"name": "t", "workload": WORKLOAD, "space": HALF_OOM_SPACE,
-            "objective": "throughput", "budget": {"max_trials": 60, "max_parallel": 4},
-            "strategy": {"name": "tpe", "seed": 2}}
+    base = {
+        "name": "t",
+        "workload": WORKLOAD,
+        "space": HALF_OOM_SPACE,
+        "objective": "throughput",
+        "budget": {"max_trials": 60, "max_parallel": 4},
+        "strategy": {"name": "tpe", "seed": 2},
+    }
     base.update(kw)
     return parse_spec(base)
 
@@ -91,8 +96,9 @@ def test_finds_a_good_config_and_never_repeats_one(tuner: Tuner) -> None:
 def test_every_strategy_proposes_valid_distinct_configs(tuner: Tuner, strategy: str) -> None:
     if strategy == "gp":
         pytest.importorskip("torch", reason="strategy 'gp' needs PyTorch (pip install cubic[gp])")
-    spec = _spec(strategy={"name": strategy, "seed": 3}, budget={"max_trials": 12,
-                                                                 "max_parallel": 12})
+    spec = _spec(
+        strategy={"name": strategy, "seed": 3}, budget={"max_trials": 12, "max_parallel": 12}
+    )
     sid = tuner.create_study(spec).id
     leased = tuner.ask(sid, "w", 12)
     assert len(leased) == 12
@@ -101,10 +107,11 @@ def test_every_strategy_proposes_valid_distinct_configs(tuner: Tuner, strategy: 
 
 
 def test_space_constraints_are_respected_by_the_sampler(tuner: Tuner) -> None:
-    space = {**HALF_OOM_SPACE, "constraints": [{"expr": "(x + y) % 3 == 0",
-                                                "message": "x + y must be a multiple of 3"}]}
-    sid = tuner.create_study(_spec(space=space, budget={"max_trials": 30,
-                                                        "max_parallel": 30})).id
+    space = {
+        **HALF_OOM_SPACE,
+        "constraints": [{"expr": "(x + y) % 3 == 0", "message": "x + y must be a multiple of 3"}],
+    }
+    sid = tuner.create_study(_spec(space=space, budget={"max_trials": 30, "max_parallel": 30})).id
     leased = tuner.ask(sid, "w", 30)
     assert len(leased) == 30
     assert all((t.params["x"] + t.params["y"]) % 3 == 0 for t in leased)
@@ -134,8 +141,7 @@ def test_repeated_report_changes_nothing(tuner: Tuner) -> None:
 
 
 def test_failed_trials_are_retried_up_to_the_cap(tuner: Tuner) -> None:
-    sid = tuner.create_study(_spec(max_retries=2, budget={"max_trials": 1,
-                                                          "max_parallel": 1})).id
+    sid = tuner.create_study(_spec(max_retries=2, budget={"max_trials": 1, "max_parallel": 1})).id
     attempts = []
     while leased := tuner.ask(sid, "w", 1):
         (t,) = leased
@@ -175,8 +181,9 @@ def test_budget_caps_parallel_trials(tuner: Tuner) -> None:
 
 
 def test_baseline_runs_first_and_speedup_is_reported(tuner: Tuner) -> None:
-    sid = tuner.create_study(_spec(baseline={"x": 2, "y": 2},
-                                   budget={"max_trials": 20, "max_parallel": 4})).id
+    sid = tuner.create_study(
+        _spec(baseline={"x": 2, "y": 2}, budget={"max_trials": 20, "max_parallel": 4})
+    ).id
     (first,) = tuner.ask(sid, "w", 1)
     assert first.source == "baseline" and first.params["x"] == 2
     tuner.tell(first.id, first.lease_token, _job(first.params))
@@ -189,8 +196,9 @@ def test_baseline_runs_first_and_speedup_is_reported(tuner: Tuner) -> None:
 
 
 def test_constraint_violating_trial_never_counts_as_best(tuner: Tuner) -> None:
-    sid = tuner.create_study(_spec(constraints={"max_error_score": 0.5},
-                                   budget={"max_trials": 2, "max_parallel": 2})).id
+    sid = tuner.create_study(
+        _spec(constraints={"max_error_score": 0.5}, budget={"max_trials": 2, "max_parallel": 2})
+    ).id
     a, b = tuner.ask(sid, "w", 2)
     tuner.tell(a.id, a.lease_token, Outcome("complete", {"throughput": 9e9, "error_score": 2}))
     tuner.tell(b.id, b.lease_token, Outcome("complete", {"throughput": 10.0, "error_score": 0}))
@@ -234,7 +242,8 @@ def test_study_state_rules(tuner: Tuner) -> None:
 
 
 def test_resuming_a_study_whose_last_trials_finished_while_paused_completes_it(
-        tuner: Tuner) -> None:
+    tuner: Tuner,
+) -> None:
     sid = tuner.create_study(_spec(budget={"max_trials": 1, "max_parallel": 1})).id
     (t,) = tuner.ask(sid, "w", 1)
     tuner.set_state(sid, "paused")
@@ -244,15 +253,22 @@ def test_resuming_a_study_whose_last_trials_finished_while_paused_completes_it(
 
 
 def test_imported_history_is_checked_and_uses_no_budget(tuner: Tuner) -> None:
-    sid = tuner.create_study(_spec(constraints={"max_error_score": 0.5},
-                                   budget={"max_trials": 2, "max_parallel": 2})).id
-    done = tuner.import_history(sid, [
-        ({"x": 4, "y": 7}, "complete", {"throughput": 1000.0}),
-        ({"x": 12, "y": 0, "note": "dropped"}, "infeasible", None),
-        ({"x": 5, "y": 7}, "complete", {"throughput": 5000.0, "error_score": 3.0}),
-    ])
-    assert [t.state for t in done] == [TrialState.COMPLETE, TrialState.INFEASIBLE,
-                                       TrialState.INFEASIBLE]
+    sid = tuner.create_study(
+        _spec(constraints={"max_error_score": 0.5}, budget={"max_trials": 2, "max_parallel": 2})
+    ).id
+    done = tuner.import_history(
+        sid,
+        [
+            ({"x": 4, "y": 7}, "complete", {"throughput": 1000.0}),
+            ({"x": 12, "y": 0, "note": "dropped"}, "infeasible", None),
+            ({"x": 5, "y": 7}, "complete", {"throughput": 5000.0, "error_score": 3.0}),
+        ],
+    )
+    assert [t.state for t in done] == [
+        TrialState.COMPLETE,
+        TrialState.INFEASIBLE,
+        TrialState.INFEASIBLE,
+    ]
     assert done[1].params == {"x": 12, "y": 0} and {t.source for t in done} == {"imported"}
     assert tuner.best(sid).trial.id == done[0].id  # the constraint breaker never counts
     assert len(tuner.ask(sid, "w", 5)) == 2  # the budget is intact

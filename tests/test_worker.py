@@ -32,9 +32,18 @@ def _study(client: CubicClient, trials: int, parallel: int = 4) -> int:
 def test_workers_run_a_study_to_completion(url: str) -> None:
     with CubicClient(url) as client:
         sid = _study(client, 12)
-        workers = [Worker(CubicClient(url), sid, make_runner("simulated", seed=1),
-                          worker_id=f"w{i}", parallel=2, lease_seconds=30, idle_s=0.1)
-                   for i in range(2)]
+        workers = [
+            Worker(
+                CubicClient(url),
+                sid,
+                make_runner("simulated", seed=1),
+                worker_id=f"w{i}",
+                parallel=2,
+                lease_seconds=30,
+                idle_s=0.1,
+            )
+            for i in range(2)
+        ]
         threads = [threading.Thread(target=w.run) for w in workers]
         for t in threads:
             t.start()
@@ -52,8 +61,15 @@ def test_stopped_worker_releases_its_trials_for_others(url: str) -> None:
     with CubicClient(url) as client:
         sid = _study(client, 4)
         # Jobs that take 20 s: the worker is stopped long before they end.
-        w = Worker(CubicClient(url), sid, make_runner("simulated", time_scale=1.0),
-                   worker_id="slow", parallel=2, lease_seconds=60, grace_s=0.2)
+        w = Worker(
+            CubicClient(url),
+            sid,
+            make_runner("simulated", time_scale=1.0),
+            worker_id="slow",
+            parallel=2,
+            lease_seconds=60,
+            grace_s=0.2,
+        )
         threading.Timer(1.0, w.stop).start()
         assert w.run() == 0
         trials = client.all_trials(sid)
@@ -71,8 +87,9 @@ def test_client_maps_errors_to_cubic_exceptions(url: str) -> None:
             client.lease(sid, "w", 0)
         assert err.value.field == "count"
         (t,) = client.lease(sid, "w", 1)
-        client.report(t["id"], t["lease_token"], "complete",
-                      metrics={"tokens_per_s": 1.0, "throughput": 1.0})
+        client.report(
+            t["id"], t["lease_token"], "complete", metrics={"tokens_per_s": 1.0, "throughput": 1.0}
+        )
         with pytest.raises(LeaseLost):
             client.report(t["id"], "not-the-token", "complete", metrics={"tokens_per_s": 2.0})
 
@@ -86,8 +103,9 @@ def test_client_retries_idempotent_calls_on_5xx_only() -> None:
             return httpx.Response(503, json={"detail": "database busy"})
         return httpx.Response(200, json={"status": "ok"})
 
-    with CubicClient("http://cubic.test", transport=httpx.MockTransport(flaky),
-                     backoff=0.0) as client:
+    with CubicClient(
+        "http://cubic.test", transport=httpx.MockTransport(flaky), backoff=0.0
+    ) as client:
         assert client.healthz() == {"status": "ok"}
         assert calls["n"] == 3
         calls["n"] = -10  # creating a study is not idempotent: one try, then the error
@@ -103,7 +121,8 @@ def test_cli_submit_worker_best_against_the_service(url: str, tmp_path: Path) ->
     study.write_text(
         "name: cli-remote\nworkload: {preset: llama3_8b, cluster: {num_gpus: 16}}\n"
         f"space: {SPACES / 'llm_pretrain.yaml'}\nobjective: tokens_per_s\n"
-        "budget: {max_trials: 6, max_parallel: 3}\nstrategy: {name: tpe, seed: 0}\n")
+        "budget: {max_trials: 6, max_parallel: 3}\nstrategy: {name: tpe, seed: 0}\n"
+    )
     import json
 
     sid = str(json.loads(cubic("submit", str(study), "--url", url, "--json").stdout)["id"])

@@ -35,8 +35,9 @@ def test_criteo_dlrm_presets() -> None:
 
 def test_yaml_preset_with_overrides(tmp_path: Path) -> None:
     f = tmp_path / "w.yaml"
-    f.write_text("preset: llama3_70b\ncluster: {gpu: h200, num_gpus: 128}\n"
-                 "training: {global_batch: 256}\n")
+    f.write_text(
+        "preset: llama3_70b\ncluster: {gpu: h200, num_gpus: 128}\ntraining: {global_batch: 256}\n"
+    )
     wl = get_workload(str(f))
     assert wl.cluster.gpu == "h200" and wl.cluster.num_gpus == 128
     assert wl.training.global_batch == 256 and wl.model == PRESETS["llama3_70b"].model
@@ -55,8 +56,22 @@ def test_inline_dlrm_workload_round_trips() -> None:
         ({"preset": "gpt5"}, "preset"),
         ({"preset": "llama3_8b", "cluster": {"gpu": "tpu"}}, "cluster.gpu"),
         ({"preset": "llama3_8b", "training": {"optimizer": "lion"}}, "training.optimizer"),
-        ({"model": {"kind": "llm", "name": "x", "layers": 2, "hidden": 100, "heads": 3,
-                    "kv_heads": 3, "ffn": 4, "vocab": 5, "seq_len": 6}}, "model.heads"),
+        (
+            {
+                "model": {
+                    "kind": "llm",
+                    "name": "x",
+                    "layers": 2,
+                    "hidden": 100,
+                    "heads": 3,
+                    "kv_heads": 3,
+                    "ffn": 4,
+                    "vocab": 5,
+                    "seq_len": 6,
+                }
+            },
+            "model.heads",
+        ),
         ({"model": {"kind": "dlrm", "name": "x"}}, "model.tables"),
         ({"model": {"kind": "cnn"}}, "model.kind"),
         ({"preset": "llama3_8b", "colour": "red"}, "unknown field"),

@@ -22,8 +22,9 @@ def plot_convergence(result: BenchResult, path: str | Path) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise InvalidInput("the convergence plot needs matplotlib: pip install 'cubic[bench]'",
-                           field="plot") from exc
+        raise InvalidInput(
+            "the convergence plot needs matplotlib: pip install 'cubic[bench]'", field="plot"
+        ) from exc
     studies = list(result.studies.values())
     strategies = list(dict.fromkeys(r.strategy for r in result.runs))
     ncols = min(2, max(1, len(studies)))
@@ -39,21 +40,23 @@ def plot_convergence(result: BenchResult, path: str | Path) -> None:
             b = result.band(info.name, name)
             color = f"C{i}"
             ax.plot(b["trials"], b["median"], color=color, label=name, linewidth=1.8)
-            ax.fill_between(b["trials"], b["q25"], b["q75"], color=color, alpha=0.2,
-                            linewidth=0)
+            ax.fill_between(b["trials"], b["q25"], b["q75"], color=color, alpha=0.2, linewidth=0)
         if info.baseline_ratio is not None:
-            ax.axhline(info.baseline_ratio, color="0.5", linestyle=":", linewidth=1,
-                       label="baseline")
+            ax.axhline(
+                info.baseline_ratio, color="0.5", linestyle=":", linewidth=1, label="baseline"
+            )
         ax.axhline(1.0, color="0.2", linestyle="--", linewidth=0.8)
-        ax.set_title(f"{info.name}\n{info.workload} on {info.cluster}, "
-                     f"{info.size:,} configs, {info.infeasible_share:.0%} infeasible",
-                     fontsize=9)
+        ax.set_title(
+            f"{info.name}\n{info.workload} on {info.cluster}, "
+            f"{info.size:,} configs, {info.infeasible_share:.0%} infeasible",
+            fontsize=9,
+        )
         ax.set_xlabel("trials")
         ax.set_ylabel("best found / optimum (true value)")
         ax.set_xlim(1, result.budget)
         ax.set_ylim(0.0, 1.05)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-    for ax in axes[len(studies):]:
+    for ax in axes[len(studies) :]:
         ax.set_visible(False)
     fig.savefig(Path(path), format="png", dpi=110)

@@ -20,8 +20,12 @@ from cubic.store.objects import Trial, TrialState
 from cubic.strategies.cubic import CubicStrategy
 from cubic.study import load_spec
 
-DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "search_spaces" / "bench" / \
-    "llama3_70b_h100x64.study.yaml"
+DEFAULT_STUDY = (
+    Path(__file__).resolve().parents[2]
+    / "search_spaces"
+    / "bench"
+    / "llama3_70b_h100x64.study.yaml"
+)
 
 
 def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
@@ -35,20 +39,44 @@ def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
     out = []
     for i, cfg in enumerate(configs):
         ok = bool(res.feasible[i])
-        metrics = ({"throughput": float(res.throughput[i]), metric: float(res.throughput[i]),
-                    "peak_memory_gb": float(res.peak_memory[i]) / 1e9,
-                    "error_score": float(res.error_score[i])} if ok else None)
-        out.append(Trial(
-            id=i + 1, study_id=1, number=i, params=cfg,
-            state=TrialState.COMPLETE if ok else TrialState.INFEASIBLE, source="strategy",
-            metrics=metrics, predicted=None, worker_id="bench", lease_token=None,
-            lease_deadline=None, attempt=1, retry_of=None, error=None, log_tail=None,
-            created_at=now, started_at=now, finished_at=now))
+        metrics = (
+            {
+                "throughput": float(res.throughput[i]),
+                metric: float(res.throughput[i]),
+                "peak_memory_gb": float(res.peak_memory[i]) / 1e9,
+                "error_score": float(res.error_score[i]),
+            }
+            if ok
+            else None
+        )
+        out.append(
+            Trial(
+                id=i + 1,
+                study_id=1,
+                number=i,
+                params=cfg,
+                state=TrialState.COMPLETE if ok else TrialState.INFEASIBLE,
+                source="strategy",
+                metrics=metrics,
+                predicted=None,
+                worker_id="bench",
+                lease_token=None,
+                lease_deadline=None,
+                attempt=1,
+                retry_of=None,
+                error=None,
+                log_tail=None,
+                created_at=now,
+                started_at=now,
+                finished_at=now,
+            )
+        )
     return out
 
 
-def bench_proposal(study_file: Path | None = None, history: int = 5000, n: int = 8,
-                   repeat: int = 3) -> dict[str, float]:
+def bench_proposal(
+    study_file: Path | None = None, history: int = 5000, n: int = 8, repeat: int = 3
+) -> dict[str, float]:
     """Seconds for one round (proxy fit included) and for a round on a fitted proxy."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spec, base = load_spec(study_file or DEFAULT_STUDY)
@@ -63,5 +91,9 @@ def bench_proposal(study_file: Path | None = None, history: int = 5000, n: int =
         t0 = time.perf_counter()
         strategy.suggest(trials, n)
         warm.append(time.perf_counter() - t0)
-    return {"history": history, "n": n, "round_with_fit_s": float(np.median(cold)),
-            "round_on_fitted_proxy_s": float(np.median(warm))}
+    return {
+        "history": history,
+        "n": n,
+        "round_with_fit_s": float(np.median(cold)),
+        "round_on_fitted_proxy_s": float(np.median(warm)),
+    }

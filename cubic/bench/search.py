@@ -106,8 +106,9 @@ class StudyInfo:
     baseline_ratio: float | None
 
 
-def _true_values(study: ResolvedStudy, res: SimResult,
-                 params: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _true_values(
+    study: ResolvedStudy, res: SimResult, params: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(noise-free objective value, respects every constraint) per simulated config.
 
     The vectorised twin of :func:`cubic.objectives.violations` on what a noise-free job
@@ -151,9 +152,16 @@ def _maximize(study: ResolvedStudy) -> bool:
 
 def _landscape_key(study: ResolvedStudy) -> str:
     s = study.spec
-    return json.dumps({"workload": study.workload.to_dict(), "space": study.space.to_dict(),
-                       "objectives": [o.model_dump() for o in s.objectives],
-                       "constraints": s.constraints.model_dump()}, sort_keys=True, default=str)
+    return json.dumps(
+        {
+            "workload": study.workload.to_dict(),
+            "space": study.space.to_dict(),
+            "objectives": [o.model_dump() for o in s.objectives],
+            "constraints": s.constraints.model_dump(),
+        },
+        sort_keys=True,
+        default=str,
+    )
 
 
 _LANDSCAPES: dict[str, StudyInfo] = {}
@@ -163,26 +171,30 @@ def landscape(study: ResolvedStudy, file: str | Path | None = None) -> StudyInfo
     """Score every valid config of the study's finite space once (cached: it is deterministic)."""
     key = _landscape_key(study)
     if key in _LANDSCAPES:
-        return replace(_LANDSCAPES[key], name=study.spec.name,
-                       file=None if file is None else str(file))
+        return replace(
+            _LANDSCAPES[key], name=study.spec.name, file=None if file is None else str(file)
+        )
     ctx = study.context
     try:
         arrays = study.space.enumerate_arrays(ctx)
     except ValueError as exc:
-        raise InvalidInput(f"{study.spec.name}: the benchmark needs a finite space: {exc}",
-                           field="space") from exc
+        raise InvalidInput(
+            f"{study.spec.name}: the benchmark needs a finite space: {exc}", field="space"
+        ) from exc
     size = len(next(iter(arrays.values()))) if arrays else 0
     if size == 0:
-        raise InvalidInput(f"{study.spec.name}: the space has no valid configuration",
-                           field="space")
+        raise InvalidInput(
+            f"{study.spec.name}: the space has no valid configuration", field="space"
+        )
     values, ok = _true_values(study, simulate(study.workload, arrays), arrays)
     if not ok.any():
-        raise InvalidInput(f"{study.spec.name}: no configuration of the space is feasible",
-                           field="space")
+        raise InvalidInput(
+            f"{study.spec.name}: no configuration of the space is feasible", field="space"
+        )
     pick = np.where(ok, values, -np.inf if _maximize(study) else np.inf)
     best = int(np.argmax(pick) if _maximize(study) else np.argmin(pick))
     optimum = float(values[best])
-    config = study.space.from_arrays({k: v[best:best + 1] for k, v in arrays.items()})[0]
+    config = study.space.from_arrays({k: v[best : best + 1] for k, v in arrays.items()})[0]
     baseline_ratio = None
     if study.spec.baseline is not None:
         params = {k: v for k, v in study.spec.baseline.items() if k in study.space.names}
@@ -191,11 +203,17 @@ def landscape(study: ResolvedStudy, file: str | Path | None = None) -> StudyInfo
         baseline_ratio = float(_ratio(study, bv, optimum)[0])
     wl = study.workload
     info = StudyInfo(
-        name=study.spec.name, file=None if file is None else str(file), kind=wl.kind,
-        workload=wl.name, cluster=f"{wl.cluster.num_gpus}x {wl.cluster.gpu}",
+        name=study.spec.name,
+        file=None if file is None else str(file),
+        kind=wl.kind,
+        workload=wl.name,
+        cluster=f"{wl.cluster.num_gpus}x {wl.cluster.gpu}",
         metric=study.spec.objectives[0].metric,
-        direction=str(study.spec.objectives[0].direction), size=size,
-        infeasible_share=float(1.0 - ok.mean()), optimum=optimum, optimum_config=config,
+        direction=str(study.spec.objectives[0].direction),
+        size=size,
+        infeasible_share=float(1.0 - ok.mean()),
+        optimum=optimum,
+        optimum_config=config,
         baseline_ratio=baseline_ratio,
     )
     _LANDSCAPES[key] = info
@@ -215,17 +233,41 @@ def _at(seconds: float) -> datetime:
     return _EPOCH + timedelta(seconds=seconds)
 
 
-def _trial(number: int, params: dict[str, Any], *, study_id: int = 1,
-           state: TrialState = TrialState.RUNNING, source: str = "strategy",
-           metrics: dict[str, Any] | None = None, predicted: dict[str, Any] | None = None,
-           worker_id: str | None = None, attempt: int = 1, retry_of: int | None = None,
-           error: str | None = None, log_tail: str | None = None, start: float = 0.0,
-           end: float | None = None) -> Trial:
+def _trial(
+    number: int,
+    params: dict[str, Any],
+    *,
+    study_id: int = 1,
+    state: TrialState = TrialState.RUNNING,
+    source: str = "strategy",
+    metrics: dict[str, Any] | None = None,
+    predicted: dict[str, Any] | None = None,
+    worker_id: str | None = None,
+    attempt: int = 1,
+    retry_of: int | None = None,
+    error: str | None = None,
+    log_tail: str | None = None,
+    start: float = 0.0,
+    end: float | None = None,
+) -> Trial:
     return Trial(
-        id=number + 1, study_id=study_id, number=number, params=dict(params), state=state,
-        source=source, metrics=metrics, predicted=predicted, worker_id=worker_id,
-        lease_token=None, lease_deadline=None, attempt=attempt, retry_of=retry_of,
-        error=error, log_tail=log_tail, created_at=_at(start), started_at=_at(start),
+        id=number + 1,
+        study_id=study_id,
+        number=number,
+        params=dict(params),
+        state=state,
+        source=source,
+        metrics=metrics,
+        predicted=predicted,
+        worker_id=worker_id,
+        lease_token=None,
+        lease_deadline=None,
+        attempt=attempt,
+        retry_of=retry_of,
+        error=error,
+        log_tail=log_tail,
+        created_at=_at(start),
+        started_at=_at(start),
         finished_at=None if end is None else _at(end),
     )
 
@@ -237,11 +279,22 @@ def _finished(t: Trial, outcome: Outcome, study: ResolvedStudy, now: float) -> T
         bad = violations(study.spec, study.workload, outcome.metrics, t.params)
         if bad:
             error = "constraint violated: " + "; ".join(bad)
-    return _trial(t.number, t.params, study_id=t.study_id, state=TrialState(outcome.state),
-                  source=t.source, metrics=dict(outcome.metrics) or None, predicted=t.predicted,
-                  worker_id=t.worker_id, attempt=t.attempt, retry_of=t.retry_of, error=error,
-                  log_tail=outcome.log_tail, start=(t.started_at - _EPOCH).total_seconds(),
-                  end=now)
+    return _trial(
+        t.number,
+        t.params,
+        study_id=t.study_id,
+        state=TrialState(outcome.state),
+        source=t.source,
+        metrics=dict(outcome.metrics) or None,
+        predicted=t.predicted,
+        worker_id=t.worker_id,
+        attempt=t.attempt,
+        retry_of=t.retry_of,
+        error=error,
+        log_tail=outcome.log_tail,
+        start=(t.started_at - _EPOCH).total_seconds(),
+        end=now,
+    )
 
 
 def job_duration(outcome: Outcome, workload: Workload) -> float:
@@ -259,8 +312,15 @@ def job_seed(seed: int, number: int) -> int:
     return seed * 1_000_003 + number
 
 
-def simulate_search(study: ResolvedStudy, strategy: Strategy, *, seed: int, workers: int = 8,
-                    budget: int = 64, noise: NoiseModel | None = None) -> list[Trial]:
+def simulate_search(
+    study: ResolvedStudy,
+    strategy: Strategy,
+    *,
+    seed: int,
+    workers: int = 8,
+    budget: int = 64,
+    noise: NoiseModel | None = None,
+) -> list[Trial]:
     """Replay the asynchronous worker loop; returns every trial (retries included) by number."""
     if workers < 1 or budget < 1:
         raise InvalidInput("workers and budget must be at least 1", field="workers")
@@ -272,14 +332,30 @@ def simulate_search(study: ResolvedStudy, strategy: Strategy, *, seed: int, work
     free = list(range(workers))
     proposed = 0
 
-    def start(params: dict[str, Any], now: float, *, predicted: dict[str, Any] | None = None,
-              source: str = "strategy", attempt: int = 1, retry_of: int | None = None) -> None:
+    def start(
+        params: dict[str, Any],
+        now: float,
+        *,
+        predicted: dict[str, Any] | None = None,
+        source: str = "strategy",
+        attempt: int = 1,
+        retry_of: int | None = None,
+    ) -> None:
         slot = heapq.heappop(free)
         number = len(trials)
         outcome = run_job(wl, params, seed=job_seed(seed, number), noise=noise)
-        trials.append(_trial(number, params, source=source, predicted=predicted,
-                             worker_id=f"bench-{slot}", attempt=attempt, retry_of=retry_of,
-                             start=now))
+        trials.append(
+            _trial(
+                number,
+                params,
+                source=source,
+                predicted=predicted,
+                worker_id=f"bench-{slot}",
+                attempt=attempt,
+                retry_of=retry_of,
+                start=now,
+            )
+        )
         heapq.heappush(running, (now + job_duration(outcome, wl), number, slot, outcome))
 
     def propose(now: float) -> None:
@@ -297,8 +373,14 @@ def simulate_search(study: ResolvedStudy, strategy: Strategy, *, seed: int, work
         heapq.heappush(free, slot)
         done = trials[number] = _finished(trials[number], outcome, study, now)
         if done.state == TrialState.FAILED and done.attempt < max_attempts:
-            start(done.params, now, predicted=done.predicted, source="retry",
-                  attempt=done.attempt + 1, retry_of=done.id)
+            start(
+                done.params,
+                now,
+                predicted=done.predicted,
+                source="retry",
+                attempt=done.attempt + 1,
+                retry_of=done.id,
+            )
         else:
             propose(now)
     return trials
@@ -327,13 +409,22 @@ class RunResult:
     makespan_s: float
 
 
-def score_run(study: ResolvedStudy, info: StudyInfo, trials: Sequence[Trial], *,
-              strategy: str, seed: int, wall_s: float = 0.0, prior_trials: int = 0
-              ) -> RunResult:
+def score_run(
+    study: ResolvedStudy,
+    info: StudyInfo,
+    trials: Sequence[Trial],
+    *,
+    strategy: str,
+    seed: int,
+    wall_s: float = 0.0,
+    prior_trials: int = 0,
+) -> RunResult:
     """Curves and counts of one run, scored by true values against the study's optimum."""
     retried = {t.retry_of for t in trials if t.retry_of is not None}
-    final = sorted((t for t in trials if t.id not in retried and t.is_finished),
-                   key=lambda t: (t.finished_at, t.number))
+    final = sorted(
+        (t for t in trials if t.id not in retried and t.is_finished),
+        key=lambda t: (t.finished_at, t.number),
+    )
     if trials:
         values, _ = _true_values(study, simulate(study.workload, [t.params for t in trials]))
         ratio = _ratio(study, values, info.optimum)
@@ -354,20 +445,33 @@ def score_run(study: ResolvedStudy, info: StudyInfo, trials: Sequence[Trial], *,
         if measured is not None and (best is None or better(spec, measured, best[0])):
             best = (measured, t)
         curve.append(float(ratio[best[1].number]) if best else 0.0)
-        tried.append(max(tried[-1] if tried else 0.0,
-                         float(ratio[t.number]) if measured is not None else 0.0))
-    trials_to = {f"{x:g}": next((i + 1 for i, v in enumerate(curve) if v >= x), None)
-                 for x in TARGETS}
+        tried.append(
+            max(
+                tried[-1] if tried else 0.0, float(ratio[t.number]) if measured is not None else 0.0
+            )
+        )
+    trials_to = {
+        f"{x:g}": next((i + 1 for i, v in enumerate(curve) if v >= x), None) for x in TARGETS
+    }
     ends = [(t.finished_at - _EPOCH).total_seconds() for t in final]
     return RunResult(
-        study=spec.name, strategy=strategy, seed=seed, curve=curve, best_tried=tried,
-        trials_to=trials_to, n_trials=len(final), n_attempts=len(trials),
+        study=spec.name,
+        strategy=strategy,
+        seed=seed,
+        curve=curve,
+        best_tried=tried,
+        trials_to=trials_to,
+        n_trials=len(final),
+        n_attempts=len(trials),
         n_failed=sum(t.state == TrialState.FAILED for t in trials),
         n_infeasible=n_infeasible,
         infeasible_share=n_infeasible / len(final) if final else 0.0,
         best_config=dict(best[1].params) if best else None,
-        best_measured=best[0] if best else None, best_ratio=curve[-1] if curve else 0.0,
-        prior_trials=prior_trials, wall_s=wall_s, makespan_s=max(ends, default=0.0),
+        best_measured=best[0] if best else None,
+        best_ratio=curve[-1] if curve else 0.0,
+        prior_trials=prior_trials,
+        wall_s=wall_s,
+        makespan_s=max(ends, default=0.0),
     )
 
 
@@ -379,24 +483,30 @@ def accepts_prior(cls: type[Strategy]) -> bool:
         param = inspect.signature(cls).parameters.get("prior")
     except (TypeError, ValueError):
         return False
-    return param is not None and param.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return param is not None and param.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
 
 
-def build_strategy(name: str, study: ResolvedStudy, seed: int,
-                   prior: Prior | None = None) -> tuple[Strategy, int]:
+def build_strategy(
+    name: str, study: ResolvedStudy, seed: int, prior: Prior | None = None
+) -> tuple[Strategy, int]:
     """The named strategy for one run, and how many prior trials it was given.
 
     The study's own strategy options apply only when it names the same strategy.
     """
     cls = REGISTRY.get(name)
     if cls is None:
-        raise InvalidInput(f"strategy '{name}' is not available; known: "
-                           f"{', '.join(sorted(REGISTRY))}", field="strategies")
+        raise InvalidInput(
+            f"strategy '{name}' is not available; known: {', '.join(sorted(REGISTRY))}",
+            field="strategies",
+        )
     s = study.spec.strategy
     opts: dict[str, Any] = dict(s.options) if s.name == name else {}
-    spec = study.spec.model_copy(update={
-        "strategy": StrategySpec.model_construct(name=name, seed=seed, options=dict(opts))})
+    spec = study.spec.model_copy(
+        update={"strategy": StrategySpec.model_construct(name=name, seed=seed, options=dict(opts))}
+    )
     resolved = ResolvedStudy(spec, study.workload, study.space)
     given = 0
     if prior and accepts_prior(cls):
@@ -405,26 +515,35 @@ def build_strategy(name: str, study: ResolvedStudy, seed: int,
     return cls(resolved, seed=seed, **opts), given
 
 
-def run_one(study: ResolvedStudy, strategy: str, seed: int, *, workers: int = 8,
-            budget: int = 64, prior: Prior | None = None, noise: NoiseModel | None = None,
-            info: StudyInfo | None = None) -> RunResult:
+def run_one(
+    study: ResolvedStudy,
+    strategy: str,
+    seed: int,
+    *,
+    workers: int = 8,
+    budget: int = 64,
+    prior: Prior | None = None,
+    noise: NoiseModel | None = None,
+    info: StudyInfo | None = None,
+) -> RunResult:
     """One (study, strategy, seed) run, timed and scored."""
     info = info or landscape(study)
     t0 = time.perf_counter()
     strat, given = build_strategy(strategy, study, seed, prior)
-    trials = simulate_search(study, strat, seed=seed, workers=workers, budget=budget,
-                             noise=noise)
+    trials = simulate_search(study, strat, seed=seed, workers=workers, budget=budget, noise=noise)
     wall = time.perf_counter() - t0
-    return score_run(study, info, trials, strategy=strategy, seed=seed, wall_s=wall,
-                     prior_trials=given)
+    return score_run(
+        study, info, trials, strategy=strategy, seed=seed, wall_s=wall, prior_trials=given
+    )
 
 
 # ----------------------------------------------------------------------------- transfer
 
 
 @lru_cache(maxsize=64)
-def _random_history(path: str, n: int, seed: int, study_id: int) -> tuple[Workload,
-                                                                          tuple[Trial, ...]]:
+def _random_history(
+    path: str, n: int, seed: int, study_id: int
+) -> tuple[Workload, tuple[Trial, ...]]:
     study = load_study(path)
     rng = np.random.default_rng([seed, study_id])
     configs = study.space.sample(rng, n, study.context)
@@ -437,8 +556,9 @@ def _random_history(path: str, n: int, seed: int, study_id: int) -> tuple[Worklo
     return study.workload, tuple(out)
 
 
-def history_from_other_studies(studies: Sequence[str | Path], exclude: str | Path,
-                               n_per_study: int = 64, seed: int = 0) -> Prior:
+def history_from_other_studies(
+    studies: Sequence[str | Path], exclude: str | Path, n_per_study: int = 64, seed: int = 0
+) -> Prior:
     """Random-search history (``n_per_study`` finished trials each) of every study but one.
 
     ``exclude`` is a study's name or file. Each other study's trials carry their own
@@ -454,11 +574,14 @@ def history_from_other_studies(studies: Sequence[str | Path], exclude: str | Pat
     return out
 
 
-def transfer_history(studies: Sequence[str | Path], n_per_study: int = 64, seed: int = 0
-                     ) -> dict[str, Prior]:
+def transfer_history(
+    studies: Sequence[str | Path], n_per_study: int = 64, seed: int = 0
+) -> dict[str, Prior]:
     """For each study (by name), the random-search history of all the others."""
-    return {load_spec(p)[0].name: history_from_other_studies(studies, p, n_per_study, seed)
-            for p in studies}
+    return {
+        load_spec(p)[0].name: history_from_other_studies(studies, p, n_per_study, seed)
+        for p in studies
+    }
 
 
 # ----------------------------------------------------------------------------- many runs
@@ -510,21 +633,30 @@ class BenchResult:
     def summary(self) -> list[dict[str, Any]]:
         rows = []
         for (study, strategy), runs in self.groups().items():
-            best_at = {str(c): _quartiles(_padded(r.curve, self.budget)[c - 1] for r in runs)
-                       for c in self.checkpoints}
+            best_at = {
+                str(c): _quartiles(_padded(r.curve, self.budget)[c - 1] for r in runs)
+                for c in self.checkpoints
+            }
             trials_to = {}
             for x in TARGETS:
                 key = f"{x:g}"
                 hits = [r.trials_to[key] for r in runs]
                 med = float(np.median([math.inf if h is None else h for h in hits]))
-                trials_to[key] = {"median": None if math.isinf(med) else med,
-                                  "reached": sum(h is not None for h in hits)}
-            rows.append({
-                "study": study, "strategy": strategy, "runs": len(runs), "best_at": best_at,
-                "trials_to": trials_to,
-                "infeasible_share": float(np.mean([r.infeasible_share for r in runs])),
-                "wall_s": float(np.median([r.wall_s for r in runs])),
-            })
+                trials_to[key] = {
+                    "median": None if math.isinf(med) else med,
+                    "reached": sum(h is not None for h in hits),
+                }
+            rows.append(
+                {
+                    "study": study,
+                    "strategy": strategy,
+                    "runs": len(runs),
+                    "best_at": best_at,
+                    "trials_to": trials_to,
+                    "infeasible_share": float(np.mean([r.infeasible_share for r in runs])),
+                    "wall_s": float(np.median([r.wall_s for r in runs])),
+                }
+            )
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -554,11 +686,19 @@ class BenchResult:
             studies.add_column(col, justify="left" if col in ("study", "workload") else "right")
         for s in self.studies.values():
             base = "-" if s.baseline_ratio is None else f"{s.baseline_ratio:.3f}"
-            studies.add_row(s.name, f"{s.workload} on {s.cluster}", f"{s.size:,}",
-                            f"{s.infeasible_share:.0%}", f"{s.optimum:,.0f} {s.metric}", base)
+            studies.add_row(
+                s.name,
+                f"{s.workload} on {s.cluster}",
+                f"{s.size:,}",
+                f"{s.infeasible_share:.0%}",
+                f"{s.optimum:,.0f} {s.metric}",
+                base,
+            )
         seeds = len(self.settings.get("seeds", []))
-        scores = Table(title=f"best found / optimum (true value): median [IQR] over {seeds} "
-                             f"seeds, {self.settings.get('workers')} workers")
+        scores = Table(
+            title=f"best found / optimum (true value): median [IQR] over {seeds} "
+            f"seeds, {self.settings.get('workers')} workers"
+        )
         scores.add_column("study")
         scores.add_column("strategy")
         for c in self.checkpoints:
@@ -582,32 +722,48 @@ class BenchResult:
         return [studies, scores]
 
 
-def run_benchmark(studies: Sequence[str | Path], strategies: Sequence[str],
-                  seeds: Sequence[int], workers: int = 8, budget: int = 64,
-                  history: Mapping[str, Prior] | None = None,
-                  progress: ProgressFn | None = None,
-                  noise: NoiseModel | None = None) -> BenchResult:
+def run_benchmark(
+    studies: Sequence[str | Path],
+    strategies: Sequence[str],
+    seeds: Sequence[int],
+    workers: int = 8,
+    budget: int = 64,
+    history: Mapping[str, Prior] | None = None,
+    progress: ProgressFn | None = None,
+    noise: NoiseModel | None = None,
+) -> BenchResult:
     """Run every strategy on every study for every seed; ``progress(run, done, total)``."""
     if not studies or not strategies or not seeds:
-        raise InvalidInput("the benchmark needs at least one study, strategy and seed",
-                           field="studies")
+        raise InvalidInput(
+            "the benchmark needs at least one study, strategy and seed", field="studies"
+        )
     for name in strategies:
         if name not in REGISTRY:
-            raise InvalidInput(f"strategy '{name}' is not available; known: "
-                               f"{', '.join(sorted(REGISTRY))}", field="strategies")
+            raise InvalidInput(
+                f"strategy '{name}' is not available; known: {', '.join(sorted(REGISTRY))}",
+                field="strategies",
+            )
     loaded: list[tuple[ResolvedStudy, StudyInfo]] = []
     for path in studies:
         study = load_study(path)
         if any(s.spec.name == study.spec.name for s, _ in loaded):
-            raise InvalidInput(f"{path}: two studies are named '{study.spec.name}'",
-                               field="studies")
+            raise InvalidInput(
+                f"{path}: two studies are named '{study.spec.name}'", field="studies"
+            )
         loaded.append((study, landscape(study, path)))
     noise = NoiseModel() if noise is None else noise
     result = BenchResult(
-        settings={"studies": [str(p) for p in studies], "strategies": list(strategies),
-                  "seeds": list(seeds), "workers": workers, "budget": budget,
-                  "checkpoints": sorted({c for c in CHECKPOINTS if c <= budget} | {budget}),
-                  "targets": list(TARGETS), "transfer": bool(history), "noise": asdict(noise)},
+        settings={
+            "studies": [str(p) for p in studies],
+            "strategies": list(strategies),
+            "seeds": list(seeds),
+            "workers": workers,
+            "budget": budget,
+            "checkpoints": sorted({c for c in CHECKPOINTS if c <= budget} | {budget}),
+            "targets": list(TARGETS),
+            "transfer": bool(history),
+            "noise": asdict(noise),
+        },
         studies={info.name: info for _, info in loaded},
     )
     total = len(loaded) * len(strategies) * len(seeds)
@@ -615,8 +771,16 @@ def run_benchmark(studies: Sequence[str | Path], strategies: Sequence[str],
         prior = (history or {}).get(study.spec.name)
         for name in strategies:
             for seed in seeds:
-                run = run_one(study, name, seed, workers=workers, budget=budget, prior=prior,
-                              noise=noise, info=info)
+                run = run_one(
+                    study,
+                    name,
+                    seed,
+                    workers=workers,
+                    budget=budget,
+                    prior=prior,
+                    noise=noise,
+                    info=info,
+                )
                 result.runs.append(run)
                 if progress is not None:
                     progress(run, len(result.runs), total)
@@ -660,8 +824,9 @@ def parse_seeds(seeds: str | Sequence[int] | None) -> list[int]:
             lo, _, hi = part.partition("-")
             out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
     except ValueError as exc:
-        raise InvalidInput(f"seeds: expected e.g. '0-4' or '0,2,7', got {seeds!r}",
-                           field="seeds") from exc
+        raise InvalidInput(
+            f"seeds: expected e.g. '0-4' or '0,2,7', got {seeds!r}", field="seeds"
+        ) from exc
     if not out:
         raise InvalidInput("seeds: none given", field="seeds")
     return out
@@ -675,11 +840,17 @@ def _strategy_names(strategies: str | Sequence[str] | None) -> list[str]:
     return list(strategies)
 
 
-def bench_search(studies: Sequence[str | Path] | None = None,
-                 strategies: str | Sequence[str] | None = None,
-                 seeds: str | Sequence[int] | None = None, workers: int = 8, budget: int = 64,
-                 json_out: str | Path | None = None, plot_out: str | Path | None = None,
-                 transfer: bool = False, console: Any = None) -> BenchResult:
+def bench_search(
+    studies: Sequence[str | Path] | None = None,
+    strategies: str | Sequence[str] | None = None,
+    seeds: str | Sequence[int] | None = None,
+    workers: int = 8,
+    budget: int = 64,
+    json_out: str | Path | None = None,
+    plot_out: str | Path | None = None,
+    transfer: bool = False,
+    console: Any = None,
+) -> BenchResult:
     """``cubic bench``: run the benchmark, print its tables, and write JSON and a plot.
 
     Strategy names that are not registered are skipped with a note (so the default list can
@@ -697,20 +868,30 @@ def bench_search(studies: Sequence[str | Path] | None = None,
         console.print(f"note: strategy '{n}' is not available here; skipped")
     names = [n for n in names if n in REGISTRY]
     if not names:
-        raise InvalidInput("no available strategy to benchmark; known: "
-                           f"{', '.join(sorted(REGISTRY))}", field="strategies")
+        raise InvalidInput(
+            f"no available strategy to benchmark; known: {', '.join(sorted(REGISTRY))}",
+            field="strategies",
+        )
     seed_list = parse_seeds(seeds)
     history = transfer_history(files) if transfer else None
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("runs", total=len(files) * len(names) * len(seed_list))
 
         def step(run: RunResult, done: int, total: int) -> None:
-            bar.update(task, completed=done,
-                       description=f"{run.study} {run.strategy} seed {run.seed}")
+            bar.update(
+                task, completed=done, description=f"{run.study} {run.strategy} seed {run.seed}"
+            )
 
-        result = run_benchmark(files, names, seed_list, workers=workers, budget=budget,
-                               history=history, progress=step)
+        result = run_benchmark(
+            files, names, seed_list, workers=workers, budget=budget, history=history, progress=step
+        )
     result.skipped = skipped
     for table in result.tables():
         console.print(table)

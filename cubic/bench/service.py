@@ -48,10 +48,24 @@ def api_server(db_url: str, api_workers: int) -> Iterator[str]:
     port = _free_port()
     env = {**os.environ, "CUBIC_DATABASE_URL": db_url, "CUBIC_REAP_INTERVAL_S": "2"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:create_app", "--factory",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", str(api_workers),
-         "--log-level", "warning"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "service.app:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(api_workers),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -82,15 +96,17 @@ def study_spec(trials: int, workers: int, strategy: str) -> dict[str, Any]:
     from cubic.study import parse_spec
 
     spaces = Path(__file__).resolve().parents[2] / "search_spaces"
-    spec = parse_spec({
-        "name": "service-bench",
-        "workload": {"preset": "llama3_8b", "cluster": {"gpu": "h100_sxm", "num_gpus": 16}},
-        "space": str(spaces / SPACE),
-        "objective": "tokens_per_s",
-        "budget": {"max_trials": trials, "max_parallel": workers},
-        "strategy": {"name": strategy, "seed": 0},
-        "max_retries": 3,
-    })
+    spec = parse_spec(
+        {
+            "name": "service-bench",
+            "workload": {"preset": "llama3_8b", "cluster": {"gpu": "h100_sxm", "num_gpus": 16}},
+            "space": str(spaces / SPACE),
+            "objective": "tokens_per_s",
+            "budget": {"max_trials": trials, "max_parallel": workers},
+            "strategy": {"name": strategy, "seed": 0},
+            "max_retries": 3,
+        }
+    )
     return spec.resolve().spec.model_dump(mode="json")
 
 
@@ -123,8 +139,14 @@ def _cubic_worker(args: tuple[str, int, int, str]) -> dict[str, Any]:
             t = leased[0]
             out = run_job(workload, t["params"], seed=t["id"])
             t0 = time.perf_counter()
-            client.report(t["id"], t["lease_token"], out.state, metrics=out.metrics,
-                          error=out.error, log_tail=out.log_tail)
+            client.report(
+                t["id"],
+                t["lease_token"],
+                out.state,
+                metrics=out.metrics,
+                error=out.error,
+                log_tail=out.log_tail,
+            )
             report_s.append(time.perf_counter() - t0)
             reported.append((t["id"], t["attempt"], out.state))
     return {"lease_s": lease_s, "report_s": report_s, "reported": reported}
@@ -164,10 +186,15 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
         raise RuntimeError("RDBStorage kept failing: " + "; ".join(causes[-3:]))
 
     # 64 processes opening RDBStorage at once race on its schema set-up commit: retried.
-    storage = retried(optuna.storages.RDBStorage, db_url,
-                      engine_kwargs={"pool_size": 2, "max_overflow": 0})
-    study = retried(optuna.load_study, study_name=name, storage=storage,
-                    sampler=optuna.samplers.RandomSampler(seed=seed))
+    storage = retried(
+        optuna.storages.RDBStorage, db_url, engine_kwargs={"pool_size": 2, "max_overflow": 0}
+    )
+    study = retried(
+        optuna.load_study,
+        study_name=name,
+        storage=storage,
+        sampler=optuna.samplers.RandomSampler(seed=seed),
+    )
     while True:
         t0 = time.perf_counter()
         n_done = len(retried(study.get_trials, deepcopy=False))
@@ -181,8 +208,7 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
         if out.state == "complete":
             retried(study.tell, trial, out.metrics["tokens_per_s"], skip_if_finished=True)
         else:
-            retried(study.tell, trial, state=optuna.trial.TrialState.FAIL,
-                    skip_if_finished=True)
+            retried(study.tell, trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         tell_s.append(time.perf_counter() - t0)
     return {"lease_s": ask_s, "report_s": tell_s, "reported": [], "errors": errors}
 
@@ -202,19 +228,28 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
 
 
-def _summary(name: str, results: list[dict[str, Any]], wall: float, trials: int
-             ) -> dict[str, Any]:
+def _summary(name: str, results: list[dict[str, Any]], wall: float, trials: int) -> dict[str, Any]:
     errors = sum(r.get("errors", 0) for r in results)
     lease = [x for r in results for x in r["lease_s"]]
     report = [x for r in results for x in r["report_s"]]
-    return {"system": name, "trials": trials, "wall_s": wall, "trials_per_s": trials / wall,
-            "lease_p50_ms": _pct(lease, 50), "lease_p99_ms": _pct(lease, 99),
-            "report_p50_ms": _pct(report, 50), "report_p99_ms": _pct(report, 99),
-            "lease_calls": len(lease), "report_calls": len(report), "storage_errors": errors}
+    return {
+        "system": name,
+        "trials": trials,
+        "wall_s": wall,
+        "trials_per_s": trials / wall,
+        "lease_p50_ms": _pct(lease, 50),
+        "lease_p99_ms": _pct(lease, 99),
+        "report_p50_ms": _pct(report, 50),
+        "report_p99_ms": _pct(report, 99),
+        "lease_calls": len(lease),
+        "report_calls": len(report),
+        "storage_errors": errors,
+    }
 
 
-def check_invariants(db_url: str, study_id: int, reported: list[tuple[int, int, str]]
-                     ) -> dict[str, Any]:
+def check_invariants(
+    db_url: str, study_id: int, reported: list[tuple[int, int, str]]
+) -> dict[str, Any]:
     """Every trial leased once per attempt, every report stored, the study completed."""
     from cubic.store import Store
 
@@ -227,15 +262,29 @@ def check_invariants(db_url: str, study_id: int, reported: list[tuple[int, int, 
         }
         study = store.get_study(study_id)
     lost = [tid for tid, _, state in reported if str(by_id[tid].state) != state]
-    multi = {tid: n for tid, n in leases_per_trial.items()
-             if n != 1 and str(by_id[tid].state) != "waiting"}
-    return {"trials": len(trials), "study_state": str(study.state), "lost_reports": lost,
-            "trials_leased_not_once": multi,
-            "unfinished": [t.id for t in trials if str(t.state) in ("waiting", "running")]}
+    multi = {
+        tid: n
+        for tid, n in leases_per_trial.items()
+        if n != 1 and str(by_id[tid].state) != "waiting"
+    }
+    return {
+        "trials": len(trials),
+        "study_state": str(study.state),
+        "lost_reports": lost,
+        "trials_leased_not_once": multi,
+        "unfinished": [t.id for t in trials if str(t.state) in ("waiting", "running")],
+    }
 
 
-def bench_service(pg_url: str, *, trials: int = 500, workers: int = 64, api_workers: int = 4,
-                  strategy: str = "random", reference: bool = True) -> dict[str, Any]:
+def bench_service(
+    pg_url: str,
+    *,
+    trials: int = 500,
+    workers: int = 64,
+    api_workers: int = 4,
+    strategy: str = "random",
+    reference: bool = True,
+) -> dict[str, Any]:
     """Run cubic and (optionally) the Optuna reference; return figures and invariant checks."""
     import json
 
@@ -256,8 +305,9 @@ def bench_service(pg_url: str, *, trials: int = 500, workers: int = 64, api_work
                 results = pool.map(_cubic_worker, args)
             wall = time.perf_counter() - t0
         reported = [r for res in results for r in res["reported"]]
-        out["cubic"] = _summary(f"cubic ({api_workers} API processes)", results, wall,
-                                len(reported))
+        out["cubic"] = _summary(
+            f"cubic ({api_workers} API processes)", results, wall, len(reported)
+        )
         out["invariants"] = check_invariants(db_url, study_id, reported)
     if reference:
         import optuna
@@ -276,6 +326,7 @@ def bench_service(pg_url: str, *, trials: int = 500, workers: int = 64, api_work
                 results = pool.map(_optuna_worker, args2)
             wall = time.perf_counter() - t0
             n = len(optuna.load_study(study_name=name, storage=db_url).get_trials())
-            out["optuna"] = _summary(f"Optuna RDBStorage ({n_ref} direct clients)", results,
-                                     wall, n)
+            out["optuna"] = _summary(
+                f"Optuna RDBStorage ({n_ref} direct clients)", results, wall, n
+            )
     return out

@@ -33,31 +33,55 @@ Configs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 #: Megatron-Core's defaults for knobs a configuration does not name.
 LLM_DEFAULTS: dict[str, Any] = {
-    "tp": 1, "pp": 1, "cp": 1, "vp": 1, "ep": 1, "micro_batch": 1, "zero_stage": 1,
-    "recompute": "none", "sequence_parallel": False, "tp_comm_overlap": False,
-    "overlap_grad_reduce": False, "overlap_param_gather": False,
-    "fp8_qkv": False, "fp8_attn_out": False, "fp8_mlp_in": False, "fp8_mlp_out": False,
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vp": 1,
+    "ep": 1,
+    "micro_batch": 1,
+    "zero_stage": 1,
+    "recompute": "none",
+    "sequence_parallel": False,
+    "tp_comm_overlap": False,
+    "overlap_grad_reduce": False,
+    "overlap_param_gather": False,
+    "fp8_qkv": False,
+    "fp8_attn_out": False,
+    "fp8_mlp_in": False,
+    "fp8_mlp_out": False,
     "fp8_lm_head": False,
 }
 #: TorchRec's usual choices for knobs a configuration does not name.
 DLRM_DEFAULTS: dict[str, Any] = {
-    "sharding_large": "row_wise", "sharding_medium": "table_wise",
-    "sharding_small": "data_parallel", "placement_large": "hbm", "cache_load_factor": 0.2,
-    "a2a_precision": "fp32", "lossy_error_bound": 1e-3, "batch_per_gpu": 4096,
-    "fp8_bottom_mlp": False, "fp8_top_mlp": False, "fp8_interaction": False,
-    "pipeline_sparse": False, "allow_tf32": False,
+    "sharding_large": "row_wise",
+    "sharding_medium": "table_wise",
+    "sharding_small": "data_parallel",
+    "placement_large": "hbm",
+    "cache_load_factor": 0.2,
+    "a2a_precision": "fp32",
+    "lossy_error_bound": 1e-3,
+    "batch_per_gpu": 4096,
+    "fp8_bottom_mlp": False,
+    "fp8_top_mlp": False,
+    "fp8_interaction": False,
+    "pipeline_sparse": False,
+    "allow_tf32": False,
 }
 
 RECOMPUTE = ("none", "selective", "full")
 FP8_SITES = ("fp8_qkv", "fp8_attn_out", "fp8_mlp_in", "fp8_mlp_out", "fp8_lm_head")
-LLM_BOOLS = ("sequence_parallel", "tp_comm_overlap", "overlap_grad_reduce",
-             "overlap_param_gather", *FP8_SITES)
+LLM_BOOLS = (
+    "sequence_parallel",
+    "tp_comm_overlap",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    *FP8_SITES,
+)
 SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 PLACEMENTS = ("hbm", "host", "cached")
 A2A_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "lossy")
 A2A_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
-DLRM_BOOLS = ("fp8_bottom_mlp", "fp8_top_mlp", "fp8_interaction", "pipeline_sparse",
-              "allow_tf32")
+DLRM_BOOLS = ("fp8_bottom_mlp", "fp8_top_mlp", "fp8_interaction", "pipeline_sparse", "allow_tf32")
 TABLE_CLASSES = ("large", "medium", "small")
 #: Table classes by rows, as the DLRM search space names them.
 LARGE_ROWS, MEDIUM_ROWS = 1_000_000, 10_000
@@ -74,37 +98,113 @@ EMB_STATE_BYTES = {"adam": 8.0, "adagrad": 4.0, "rowwise_adagrad": 0.0, "sgd": 0
 OFFSET = "log_roofline_throughput"
 
 _WORKLOAD_COMMON = (
-    "log2_num_gpus", "gpus_per_node", "log2_nodes", "log2_global_batch",
-    "peak_bf16_tflops", "peak_fp8_tflops", "has_fp8", "hbm_gb", "hbm_tbs", "nvlink_gbs",
-    "nic_gbs", "pcie_gbs", "opt_state_bytes", "training_fp32", "log_peak_throughput",
+    "log2_num_gpus",
+    "gpus_per_node",
+    "log2_nodes",
+    "log2_global_batch",
+    "peak_bf16_tflops",
+    "peak_fp8_tflops",
+    "has_fp8",
+    "hbm_gb",
+    "hbm_tbs",
+    "nvlink_gbs",
+    "nic_gbs",
+    "pcie_gbs",
+    "opt_state_bytes",
+    "training_fp32",
+    "log_peak_throughput",
 )
 _LLM_NAMES = (
-    "log2_tp", "log2_pp", "log2_cp", "log2_vp", "log2_ep", "log2_dp", "log2_micro_batch",
-    "zero_stage", *(f"recompute_{r}" for r in RECOMPUTE), *LLM_BOOLS, "fp8_sites",
-    "log10_params", "log10_active_params", "layers", "log2_hidden", "log2_ffn", "heads",
-    "kv_heads", "log2_seq_len", "log2_vocab", "experts", "top_k", "gated_mlp",
+    "log2_tp",
+    "log2_pp",
+    "log2_cp",
+    "log2_vp",
+    "log2_ep",
+    "log2_dp",
+    "log2_micro_batch",
+    "zero_stage",
+    *(f"recompute_{r}" for r in RECOMPUTE),
+    *LLM_BOOLS,
+    "fp8_sites",
+    "log10_params",
+    "log10_active_params",
+    "layers",
+    "log2_hidden",
+    "log2_ffn",
+    "heads",
+    "kv_heads",
+    "log2_seq_len",
+    "log2_vocab",
+    "experts",
+    "top_k",
+    "gated_mlp",
     *_WORKLOAD_COMMON,
-    "log2_microbatches", "bubble_fraction", "log2_gemm_tokens_x_hidden", "log10_flops_per_gpu",
-    "fp8_flop_share", "log10_params_per_gpu", "state_gb", "activation_gb_per_microbatch",
-    "activation_gb_peak", "memory_gb", "memory_ratio", "state_ratio", "activation_ratio",
-    "log10_tp_bytes", "log10_cp_bytes", "log10_pp_bytes", "log10_dp_bytes",
-    "dp_crosses_nodes", "pp_crosses_nodes", "log10_compute_s", "log10_tp_s", "log10_cp_s",
-    "log10_pp_s", "log10_dp_grad_s", "log10_dp_param_s", "comm_to_compute",
-    "log_serial_throughput", OFFSET,
+    "log2_microbatches",
+    "bubble_fraction",
+    "log2_gemm_tokens_x_hidden",
+    "log10_flops_per_gpu",
+    "fp8_flop_share",
+    "log10_params_per_gpu",
+    "state_gb",
+    "activation_gb_per_microbatch",
+    "activation_gb_peak",
+    "memory_gb",
+    "memory_ratio",
+    "state_ratio",
+    "activation_ratio",
+    "log10_tp_bytes",
+    "log10_cp_bytes",
+    "log10_pp_bytes",
+    "log10_dp_bytes",
+    "dp_crosses_nodes",
+    "pp_crosses_nodes",
+    "log10_compute_s",
+    "log10_tp_s",
+    "log10_cp_s",
+    "log10_pp_s",
+    "log10_dp_grad_s",
+    "log10_dp_param_s",
+    "comm_to_compute",
+    "log_serial_throughput",
+    OFFSET,
 )
 _DLRM_NAMES = (
     *(f"sharding_{c}_{s}" for c in TABLE_CLASSES for s in SHARDINGS),
-    *(f"placement_large_{p}" for p in PLACEMENTS), "hbm_fraction_large",
-    *(f"a2a_{p}" for p in A2A_PRECISIONS), "log10_lossy_error_bound", "a2a_bytes_per_element",
-    "log2_batch_per_gpu", *DLRM_BOOLS,
-    "num_tables", "embedding_dim", "log10_embedding_params", "log10_dense_params",
-    "log10_dense_flops_per_sample", "dcnv2", "lookups_per_sample",
+    *(f"placement_large_{p}" for p in PLACEMENTS),
+    "hbm_fraction_large",
+    *(f"a2a_{p}" for p in A2A_PRECISIONS),
+    "log10_lossy_error_bound",
+    "a2a_bytes_per_element",
+    "log2_batch_per_gpu",
+    *DLRM_BOOLS,
+    "num_tables",
+    "embedding_dim",
+    "log10_embedding_params",
+    "log10_dense_params",
+    "log10_dense_flops_per_sample",
+    "dcnv2",
+    "lookups_per_sample",
     *_WORKLOAD_COMMON,
-    *(f"emb_gb_{c}" for c in TABLE_CLASSES), "emb_hbm_gb", "host_gb_per_node",
-    "lookup_imbalance", "log10_a2a_bytes", "a2a_bytes_per_sample", "log10_allreduce_bytes",
-    "log10_host_lookup_bytes", "log10_dense_flops_per_gpu", "fp8_dense_share", "memory_gb",
-    "memory_ratio", "log10_compute_s", "log10_a2a_s", "log10_host_lookup_s",
-    "log10_allreduce_s", "log10_lookup_s", "comm_to_compute", "log_serial_throughput", OFFSET,
+    *(f"emb_gb_{c}" for c in TABLE_CLASSES),
+    "emb_hbm_gb",
+    "host_gb_per_node",
+    "lookup_imbalance",
+    "log10_a2a_bytes",
+    "a2a_bytes_per_sample",
+    "log10_allreduce_bytes",
+    "log10_host_lookup_bytes",
+    "log10_dense_flops_per_gpu",
+    "fp8_dense_share",
+    "memory_gb",
+    "memory_ratio",
+    "log10_compute_s",
+    "log10_a2a_s",
+    "log10_host_lookup_s",
+    "log10_allreduce_s",
+    "log10_lookup_s",
+    "comm_to_compute",
+    "log_serial_throughput",
+    OFFSET,
 )
 
 
@@ -145,8 +245,9 @@ def featurize(workload: Workload, configs: Configs) -> np.ndarray:
 def _columns(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
     """One object array per knob; missing knobs and None take ``defaults``."""
     if isinstance(configs, Mapping):
-        lengths = {len(v) for v in configs.values()
-                   if not isinstance(v, str | bytes) and np.ndim(v) > 0}
+        lengths = {
+            len(v) for v in configs.values() if not isinstance(v, str | bytes) and np.ndim(v) > 0
+        }
         if len(lengths) > 1:
             raise ValueError(f"configs: knobs have different lengths {sorted(lengths)}")
         n = lengths.pop() if lengths else 1
@@ -198,8 +299,10 @@ def _num(c: np.ndarray, default: float) -> np.ndarray:
 def _bool(c: np.ndarray) -> np.ndarray:
     if c.dtype.kind in "biuf":
         return (c != 0).astype(float)
-    return np.array([v is True or v == 1 or (isinstance(v, str) and v.lower() == "true")
-                     for v in c], dtype=float)
+    return np.array(
+        [v is True or v == 1 or (isinstance(v, str) and v.lower() == "true") for v in c],
+        dtype=float,
+    )
 
 
 def _onehot(c: np.ndarray, name: str, choices: Sequence[str]) -> dict[str, np.ndarray]:
@@ -258,8 +361,9 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     g = wl.gpu
     ngpu = float(wl.cluster.num_gpus)
     gb = float(wl.training.global_batch)
-    tp, pp, cp, vp, ep, mb = (np.maximum(_num(a[k], 1.0), 1.0)
-                              for k in ("tp", "pp", "cp", "vp", "ep", "micro_batch"))
+    tp, pp, cp, vp, ep, mb = (
+        np.maximum(_num(a[k], 1.0), 1.0) for k in ("tp", "pp", "cp", "vp", "ep", "micro_batch")
+    )
     zero = _num(a["zero_stage"], 1.0)
     dp_given = _num(a["dp"], np.nan)
     dp = np.maximum(np.where(np.isnan(dp_given), np.floor(ngpu / (tp * pp * cp)), dp_given), 1.0)
@@ -284,9 +388,11 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     # state; ZeRO-1 shards the optimizer over dp*cp, ZeRO-2 also grads, ZeRO-3 also weights.
     shard = dp * cp
     opt_b = OPT_STATE_BYTES.get(wl.training.optimizer, 12.0)
-    state = (params * 2.0 / np.where(zero >= 3, shard, 1.0)
-             + params * 4.0 / np.where(zero >= 2, shard, 1.0)
-             + params * opt_b / np.where(zero >= 1, shard, 1.0))
+    state = (
+        params * 2.0 / np.where(zero >= 3, shard, 1.0)
+        + params * 4.0 / np.where(zero >= 2, shard, 1.0)
+        + params * opt_b / np.where(zero >= 1, shard, 1.0)
+    )
     # Activations per layer per micro-batch (Korthikanti et al. 2022 with flash attention):
     # 34 s b h / t bytes with sequence parallelism, s b h (10 + 24 / t) without; full
     # recompute keeps only the layer input, 2 s b h (/ t with sequence parallelism).
@@ -295,8 +401,9 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     act_mb = tokens * per_token * layers_rank
     # The first stage holds min(pp, m) micro-batches (1F1B); interleaving adds
     # (pp - 1) / (pp vp) of a stage's layers (Narayanan et al. SC21).
-    in_flight = np.where(vp > 1, np.minimum(micro, pp) * (1.0 + (pp - 1.0) / (pp * vp)),
-                         np.minimum(micro, pp))
+    in_flight = np.where(
+        vp > 1, np.minimum(micro, pp) * (1.0 + (pp - 1.0) / (pp * vp)), np.minimum(micro, pp)
+    )
     logits = 6.0 * tokens * V / tp  # bf16 logits and their fp32 copy at the loss
     # Full recompute rebuilds one layer's activations at a time during the backward pass.
     act_peak = act_mb * in_flight + np.where(full > 0, tokens * layer_token, 0.0)
@@ -307,9 +414,13 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     flops = m.flops_per_token() * gb * s / ngpu * (1.0 + full / 3.0)
     # Share of those FLOPs in FP8 GEMMs, by each site's weights.
     kvd = float(m.kv_heads * m.head_dim)
-    site_w = {"fp8_qkv": h * (h + 2 * kvd), "fp8_attn_out": h * h,
-              "fp8_mlp_in": (m.mlp_mats - 1) * h * f * m.top_k, "fp8_mlp_out": h * f * m.top_k,
-              "fp8_lm_head": V * h / m.layers}
+    site_w = {
+        "fp8_qkv": h * (h + 2 * kvd),
+        "fp8_attn_out": h * h,
+        "fp8_mlp_in": (m.mlp_mats - 1) * h * f * m.top_k,
+        "fp8_mlp_out": h * f * m.top_k,
+        "fp8_lm_head": V * h / m.layers,
+    }
     total_w = sum(site_w.values())
     fp8_share = sum(b[k] * w for k, w in site_w.items()) / total_w if g.has_fp8 else 0.0 * tp
     peak16, peak8 = g.peak("bf16"), g.peak("fp8")
@@ -317,10 +428,14 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
 
     # Bytes each GPU sends per step, by parallel dimension.
     act_bytes = 2.0 * tokens * h
-    tp_bytes = np.where(tp > 1, 2.0 * (tp - 1.0) / tp * act_bytes * 4.0 * (1.0 + full / 2.0)
-                        * layers_rank * micro, 0.0)  # 2 all-reduces forward, 2 backward
-    cp_bytes = np.where(cp > 1, (cp - 1.0) * 2.0 * tokens * 2.0 * kv_t * 3.0 * layers_rank * micro,
-                        0.0)  # K and V around the ring, forward and twice in backward
+    tp_bytes = np.where(
+        tp > 1,
+        2.0 * (tp - 1.0) / tp * act_bytes * 4.0 * (1.0 + full / 2.0) * layers_rank * micro,
+        0.0,
+    )  # 2 all-reduces forward, 2 backward
+    cp_bytes = np.where(
+        cp > 1, (cp - 1.0) * 2.0 * tokens * 2.0 * kv_t * 3.0 * layers_rank * micro, 0.0
+    )  # K and V around the ring, forward and twice in backward
     pp_bytes = np.where(pp > 1, 2.0 * act_bytes / np.where(sp > 0, tp, 1.0) * micro * vp, 0.0)
     # Data parallel (over dp*cp ranks): fp32 gradients all-reduced (ZeRO-0) or
     # reduce-scattered (once per step; per micro-batch from ZeRO-2 on), 2-byte weights
@@ -342,22 +457,37 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     # they overlap with (TP behind GEMMs, gradient reduction behind the backward pass, 2/3
     # of the compute, parameter gathers behind the forward, 1/3). No efficiency is assumed,
     # so it bounds the step time from below; the serial variant exposes every transfer.
-    b_ovl = {k: b[k] > 0 for k in ("tp_comm_overlap", "overlap_grad_reduce",
-                                   "overlap_param_gather")}
+    b_ovl = {
+        k: b[k] > 0 for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+    }
     busy = compute_s * (1.0 + (pp - 1.0) / (vp * micro))
     serial = busy + tp_s + cp_s + pp_s + dp_grad_s + dp_param_s
-    roofline = (busy + cp_s + pp_s
-                + np.where(b_ovl["tp_comm_overlap"] & (sp > 0), np.maximum(tp_s - compute_s, 0.0),
-                           tp_s)
-                + np.where(b_ovl["overlap_grad_reduce"],
-                           np.maximum(dp_grad_s - compute_s * 2.0 / 3.0, 0.0), dp_grad_s)
-                + np.where(b_ovl["overlap_param_gather"] & (zero >= 1),
-                           np.maximum(dp_param_s - compute_s / 3.0, 0.0), dp_param_s))
+    roofline = (
+        busy
+        + cp_s
+        + pp_s
+        + np.where(b_ovl["tp_comm_overlap"] & (sp > 0), np.maximum(tp_s - compute_s, 0.0), tp_s)
+        + np.where(
+            b_ovl["overlap_grad_reduce"],
+            np.maximum(dp_grad_s - compute_s * 2.0 / 3.0, 0.0),
+            dp_grad_s,
+        )
+        + np.where(
+            b_ovl["overlap_param_gather"] & (zero >= 1),
+            np.maximum(dp_param_s - compute_s / 3.0, 0.0),
+            dp_param_s,
+        )
+    )
     step_tokens = gb * s
 
     out: dict[str, np.ndarray] = {
-        "log2_tp": _log2(tp), "log2_pp": _log2(pp), "log2_cp": _log2(cp), "log2_vp": _log2(vp),
-        "log2_ep": _log2(ep), "log2_dp": _log2(dp), "log2_micro_batch": _log2(mb),
+        "log2_tp": _log2(tp),
+        "log2_pp": _log2(pp),
+        "log2_cp": _log2(cp),
+        "log2_vp": _log2(vp),
+        "log2_ep": _log2(ep),
+        "log2_dp": _log2(dp),
+        "log2_micro_batch": _log2(mb),
         "zero_stage": zero,
         **{f"recompute_{r}": v for r, v in rc.items()},
         **b,
@@ -389,12 +519,17 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         "memory_ratio": memory / hbm,
         "state_ratio": state / hbm,
         "activation_ratio": (act_peak + logits) / hbm,
-        "log10_tp_bytes": _log10(tp_bytes), "log10_cp_bytes": _log10(cp_bytes),
-        "log10_pp_bytes": _log10(pp_bytes), "log10_dp_bytes": _log10(dp_bytes),
-        "dp_crosses_nodes": dp_cross, "pp_crosses_nodes": pp_cross,
+        "log10_tp_bytes": _log10(tp_bytes),
+        "log10_cp_bytes": _log10(cp_bytes),
+        "log10_pp_bytes": _log10(pp_bytes),
+        "log10_dp_bytes": _log10(dp_bytes),
+        "dp_crosses_nodes": dp_cross,
+        "pp_crosses_nodes": pp_cross,
         "log10_compute_s": np.log10(compute_s),
-        "log10_tp_s": _log10_s(tp_s), "log10_cp_s": _log10_s(cp_s),
-        "log10_pp_s": _log10_s(pp_s), "log10_dp_grad_s": _log10_s(dp_grad_s),
+        "log10_tp_s": _log10_s(tp_s),
+        "log10_cp_s": _log10_s(cp_s),
+        "log10_pp_s": _log10_s(pp_s),
+        "log10_dp_grad_s": _log10_s(dp_grad_s),
         "log10_dp_param_s": _log10_s(dp_param_s),
         "comm_to_compute": (serial - busy) / compute_s,
         "log_serial_throughput": np.log(step_tokens / serial),
@@ -427,12 +562,11 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     ranks, gpn, nodes = float(c.num_gpus), float(min(c.gpus_per_node, c.num_gpus)), c.nodes
     opt = wl.training.optimizer
     bpg = np.maximum(_num(a["batch_per_gpu"], 4096.0), 1.0)
-    shard = {cl: _onehot(a[f"sharding_{cl}"], f"sharding_{cl}", SHARDINGS)
-             for cl in TABLE_CLASSES}
+    shard = {cl: _onehot(a[f"sharding_{cl}"], f"sharding_{cl}", SHARDINGS) for cl in TABLE_CLASSES}
     place = _onehot(a["placement_large"], "placement_large", PLACEMENTS)
     clf = np.clip(_num(a["cache_load_factor"], 0.2), 0.0, 1.0)
     # Share of the large tables' rows in HBM: all, none (host/UVM), or the cached share.
-    hbm_frac = (place["placement_large_hbm"] + place["placement_large_cached"] * clf)
+    hbm_frac = place["placement_large_hbm"] + place["placement_large_cached"] * clf
     prec = _onehot(a["a2a_precision"], "a2a", A2A_PRECISIONS)
     bound = _num(a["lossy_error_bound"], 1e-3)
     bound = np.where(bound > 0, bound, 1e-3)
@@ -467,30 +601,37 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
         k_cw = max(1.0, m.embedding_dim / CW_SHARD_DIM)
         # Bytes on the fullest rank: whole tables cannot split (table-wise), column shards
         # split k ways, table-row-wise splits inside a node; data-parallel replicates.
-        per_rank = (sh[f"sharding_{cl}_table_wise"] * max(total / ranks, largest)
-                    + sh[f"sharding_{cl}_row_wise"] * total / ranks
-                    + sh[f"sharding_{cl}_column_wise"] * max(total / ranks, largest / k_cw)
-                    + sh[f"sharding_{cl}_table_row_wise"] * max(total / ranks, largest / gpn)
-                    + sh[f"sharding_{cl}_data_parallel"] * total)
+        per_rank = (
+            sh[f"sharding_{cl}_table_wise"] * max(total / ranks, largest)
+            + sh[f"sharding_{cl}_row_wise"] * total / ranks
+            + sh[f"sharding_{cl}_column_wise"] * max(total / ranks, largest / k_cw)
+            + sh[f"sharding_{cl}_table_row_wise"] * max(total / ranks, largest / gpn)
+            + sh[f"sharding_{cl}_data_parallel"] * total
+        )
         emb_rank[cl] = per_rank * (hbm_frac if cl == "large" else 1.0)
         # Lookup skew: the busiest rank's share of lookups over the mean share.
         imbalance = np.maximum(imbalance, sh[f"sharding_{cl}_table_wise"] * look_share * ranks)
-        imbalance = np.maximum(imbalance,
-                               sh[f"sharding_{cl}_column_wise"] * look_share * ranks / k_cw)
+        imbalance = np.maximum(
+            imbalance, sh[f"sharding_{cl}_column_wise"] * look_share * ranks / k_cw
+        )
         # Pooled embeddings each rank sends per step, one direction: its local batch for
         # tables others own (table/column-wise), partial sums of the global batch (row-wise),
         # both within and across nodes (table-row-wise); replicas only all-reduce gradients.
         a2a = a2a + q * width * (
             (sh[f"sharding_{cl}_table_wise"] + sh[f"sharding_{cl}_column_wise"]) * bpg
             + sh[f"sharding_{cl}_row_wise"] * bpg * (ranks - 1.0)
-            + sh[f"sharding_{cl}_table_row_wise"] * bpg * gpn)
-        allreduce = allreduce + sh[f"sharding_{cl}_data_parallel"] * sum(
-            t.rows * t.dim for t in tables) * 4.0
+            + sh[f"sharding_{cl}_table_row_wise"] * bpg * gpn
+        )
+        allreduce = (
+            allreduce
+            + sh[f"sharding_{cl}_data_parallel"] * sum(t.rows * t.dim for t in tables) * 4.0
+        )
     a2a = 2.0 * a2a  # forward embeddings, backward gradients
     dense_p = m.dense_params()
     allreduce = 2.0 * (ranks - 1.0) / ranks * (allreduce + 4.0 * dense_p)
-    large_bytes = sum(t.rows * t.dim * (4.0 + state_b) for t in m.tables
-                      if _table_class(t.rows) == "large")
+    large_bytes = sum(
+        t.rows * t.dim * (4.0 + state_b) for t in m.tables if _table_class(t.rows) == "large"
+    )
     host_gb = (1.0 - place["placement_large_hbm"]) * large_bytes / nodes / 1e9
     # Large-table lookups served from host memory over PCIe (a cache's misses ~ uncached share).
     row_bytes = 3.0 * 4.0 * m.embedding_dim  # gather, read and write back in the fused backward
@@ -499,20 +640,31 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
 
     dense_flops = m.dense_flops_per_sample()
     flops_gpu = dense_flops * bpg
-    bottom = sum(x * y for x, y in zip((m.dense_features, *m.bottom_mlp[:-1]), m.bottom_mlp,
-                                       strict=True))
+    bottom = sum(
+        x * y for x, y in zip((m.dense_features, *m.bottom_mlp[:-1]), m.bottom_mlp, strict=True)
+    )
     top_in = m.interaction_width()
     top = sum(x * y for x, y in zip((top_in, *m.top_mlp[:-1]), m.top_mlp, strict=True))
     inter = 2.0 * top_in * m.dcn_rank * m.dcn_layers if m.interaction == "dcnv2" else 0.0
     tot = bottom + top + inter
-    fp8_share = (bools["fp8_bottom_mlp"] * bottom + bools["fp8_top_mlp"] * top
-                 + bools["fp8_interaction"] * inter) / tot * float(g.has_fp8)
+    fp8_share = (
+        (
+            bools["fp8_bottom_mlp"] * bottom
+            + bools["fp8_top_mlp"] * top
+            + bools["fp8_interaction"] * inter
+        )
+        / tot
+        * float(g.has_fp8)
+    )
     compute_s = flops_gpu * ((1.0 - fp8_share) / g.peak("bf16") + fp8_share / g.peak("fp8"))
-    act_elems = (sum(m.bottom_mlp) + sum(m.top_mlp) + (len(m.tables) + 1) * m.bottom_mlp[-1]
-                 + top_in)
+    act_elems = sum(m.bottom_mlp) + sum(m.top_mlp) + (len(m.tables) + 1) * m.bottom_mlp[-1] + top_in
     emb_hbm = sum(emb_rank.values())
-    memory = emb_hbm + dense_p * (4.0 + 4.0 + OPT_STATE_BYTES.get(opt, 4.0)) + \
-        bpg * act_elems * 4.0 * 2.0 + a2a
+    memory = (
+        emb_hbm
+        + dense_p * (4.0 + 4.0 + OPT_STATE_BYTES.get(opt, 4.0))
+        + bpg * act_elems * 4.0 * 2.0
+        + a2a
+    )
     net = _bandwidth(wl, np.full(n, ranks), np.ones(n))
     a2a_s = a2a / net
     allreduce_s = allreduce / net
@@ -523,9 +675,11 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     # DDP's gradient all-reduce behind the backward pass (2/3 of the dense compute).
     busy = compute_s + lookup_s + host_s
     serial = busy + a2a_s + allreduce_s
-    roofline = (busy + np.where(bools["pipeline_sparse"] > 0,
-                                np.maximum(a2a_s - compute_s, 0.0), a2a_s)
-                + np.maximum(allreduce_s - compute_s * 2.0 / 3.0, 0.0))
+    roofline = (
+        busy
+        + np.where(bools["pipeline_sparse"] > 0, np.maximum(a2a_s - compute_s, 0.0), a2a_s)
+        + np.maximum(allreduce_s - compute_s * 2.0 / 3.0, 0.0)
+    )
 
     out: dict[str, np.ndarray] = {
         **{k: v for sh in shard.values() for k, v in sh.items()},

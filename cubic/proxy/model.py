@@ -104,8 +104,11 @@ class ProxyModel(BaseEstimator):
         X = np.asarray(X, dtype=float)
         if X.ndim != 2:
             raise ValueError(f"X must be 2-D, got shape {X.shape}")
-        width = self.n_features_in_ if fitted else (
-            len(feature_names(self.kind)) if self.kind is not None else X.shape[1])
+        width = (
+            self.n_features_in_
+            if fitted
+            else (len(feature_names(self.kind)) if self.kind is not None else X.shape[1])
+        )
         if X.shape[1] != width:
             raise ValueError(f"X has {X.shape[1]} features, expected {width}")
         return X
@@ -160,18 +163,23 @@ class ProxyModel(BaseEstimator):
             raise ValueError(f"groups has {len(g)} entries for {len(y)} rows")
 
         self.n_features_in_ = X.shape[1]
-        self.feature_names_ = (feature_names(self.kind) if self.kind is not None
-                               else [f"f{i}" for i in range(X.shape[1])])
-        self.offset_index_ = (self.feature_names_.index(OFFSET)
-                              if OFFSET in self.feature_names_ else None)
+        self.feature_names_ = (
+            feature_names(self.kind)
+            if self.kind is not None
+            else [f"f{i}" for i in range(X.shape[1])]
+        )
+        self.offset_index_ = (
+            self.feature_names_.index(OFFSET) if OFFSET in self.feature_names_ else None
+        )
         Xf = X[ok]
         target = np.log(y[ok]) - self._offset(Xf)
         self.members_ = self._fit_members(Xf, target, g[ok])
         if self.objective == "rank":
             scores = self._member_scores(Xf).mean(axis=0)
             # Map rank scores to log throughput: one line fitted on the training rows.
-            slope, intercept = np.polyfit(scores, target, 1) if np.ptp(scores) > 0 else (
-                0.0, float(target.mean()))
+            slope, intercept = (
+                np.polyfit(scores, target, 1) if np.ptp(scores) > 0 else (0.0, float(target.mean()))
+            )
             self.calibration_ = (float(max(slope, 1e-6)), float(intercept))
         else:
             self.calibration_ = (1.0, 0.0)
@@ -182,22 +190,28 @@ class ProxyModel(BaseEstimator):
         if 0 < feasible.sum() < len(feasible):
             dtrain = xgb.DMatrix(X, label=feasible.astype(float), nthread=int(self.n_jobs))
             self.classifier_ = xgb.train(
-                self._booster_params(self.seed, "binary:logistic"), dtrain,
-                num_boost_round=int(self.n_estimators))
+                self._booster_params(self.seed, "binary:logistic"),
+                dtrain,
+                num_boost_round=int(self.n_estimators),
+            )
         return self
 
     def _fit_members(self, X: np.ndarray, target: np.ndarray, g: np.ndarray) -> list[xgb.Booster]:
         if self.objective == "rank":
             order = np.argsort(g, kind="stable")  # XGBoost needs each query's rows together
-            dtrain = xgb.DMatrix(X[order], label=target[order], qid=g[order],
-                                 nthread=int(self.n_jobs))
+            dtrain = xgb.DMatrix(
+                X[order], label=target[order], qid=g[order], nthread=int(self.n_jobs)
+            )
             obj = "rank:pairwise"
         else:
             dtrain = xgb.DMatrix(X, label=target, nthread=int(self.n_jobs))
             obj = "reg:squarederror"
         return [
-            xgb.train(self._booster_params(self.seed + i, obj), dtrain,
-                      num_boost_round=int(self.n_estimators))
+            xgb.train(
+                self._booster_params(self.seed + i, obj),
+                dtrain,
+                num_boost_round=int(self.n_estimators),
+            )
             for i in range(int(self.n_members))
         ]
 
@@ -270,7 +284,8 @@ class ProxyModel(BaseEstimator):
         if model.kind is not None and names != feature_names(model.kind):
             raise ValueError(
                 f"saved feature names do not match this version's {model.kind!r} features; "
-                "retrain the model")
+                "retrain the model"
+            )
         model.feature_names_ = names
         model.n_features_in_ = len(names)
         model.offset_index_ = names.index(OFFSET) if OFFSET in names else None
@@ -322,12 +337,12 @@ def select_objective(
     results: dict[str, dict[str, Any]] = {}
     for objective in OBJECTIVES:
         factory: Callable[[], ProxyModel] = _factory(objective, seed, params)
-        results[objective] = cross_validate(factory, X, y, feasible, k=k, seed=seed,
-                                            groups=groups)
+        results[objective] = cross_validate(factory, X, y, feasible, k=k, seed=seed, groups=groups)
     taus = {o: results[o].get("kendall_tau") for o in OBJECTIVES}
     best = "regression"
-    if taus["rank"] is not None and (taus["regression"] is None
-                                     or taus["rank"] > taus["regression"]):
+    if taus["rank"] is not None and (
+        taus["regression"] is None or taus["rank"] > taus["regression"]
+    ):
         best = "rank"
     return best, results
 

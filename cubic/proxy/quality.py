@@ -45,8 +45,11 @@ def _rank_metrics(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
         warnings.simplefilter("ignore")
         tau = stats.kendalltau(y_true, y_pred).statistic
         rho = stats.spearmanr(y_true, y_pred).statistic
-    return {"kendall_tau": float(tau), "spearman": float(rho),
-            "top10_recall": top_k_recall(y_true, y_pred, 10)}
+    return {
+        "kendall_tau": float(tau),
+        "spearman": float(rho),
+        "top10_recall": top_k_recall(y_true, y_pred, 10),
+    }
 
 
 def evaluate(
@@ -83,10 +86,13 @@ def evaluate(
     out: dict[str, Any] = {
         "n": len(y_true),
         "n_feasible": int(ok.sum()),
-        **{name: (sums[name] / weights[name] if name in weights else None)
-           for name in ("kendall_tau", "spearman", "top10_recall")},
-        "mape": (float(mean_absolute_percentage_error(y_true[ok], y_pred[ok]))
-                 if ok.any() else None),
+        **{
+            name: (sums[name] / weights[name] if name in weights else None)
+            for name in ("kendall_tau", "spearman", "top10_recall")
+        },
+        "mape": (
+            float(mean_absolute_percentage_error(y_true[ok], y_pred[ok])) if ok.any() else None
+        ),
         "feasibility_auc": None,
     }
     if p_feasible is not None:
@@ -133,24 +139,38 @@ def cross_validate(
     n = len(y)
     k = max(2, min(int(k), n))
     both = min(feas.sum(), (~feas).sum()) >= k
-    splitter = (StratifiedKFold(k, shuffle=True, random_state=seed) if both
-                else KFold(k, shuffle=True, random_state=seed))
+    splitter = (
+        StratifiedKFold(k, shuffle=True, random_state=seed)
+        if both
+        else KFold(k, shuffle=True, random_state=seed)
+    )
     oof_y = np.full(n, np.nan)
     oof_p = np.full(n, np.nan)
     results = []
     for train, test in splitter.split(X, feas if both else None):
         if (feas[train] & np.isfinite(y[train])).sum() < 2:
             continue
-        model = model_factory().fit(X[train], y[train], feas[train],
-                                    None if g is None else g[train])
+        model = model_factory().fit(
+            X[train], y[train], feas[train], None if g is None else g[train]
+        )
         oof_y[test], oof_p[test] = _predict(model, X[test])
-        results.append(evaluate(y[test], oof_y[test], feas[test], oof_p[test],
-                                None if g is None else g[test]))
+        results.append(
+            evaluate(y[test], oof_y[test], feas[test], oof_p[test], None if g is None else g[test])
+        )
     done = ~np.isnan(oof_p)
-    pooled = (evaluate(y[done], oof_y[done], feas[done], oof_p[done],
-                       None if g is None else g[done]) if done.any() else {})
-    return {"k": k, "folds": len(results), "n": n, "n_feasible": int(feas.sum()),
-            **_mean(results), "pooled": {m: pooled.get(m) for m in METRICS}}
+    pooled = (
+        evaluate(y[done], oof_y[done], feas[done], oof_p[done], None if g is None else g[done])
+        if done.any()
+        else {}
+    )
+    return {
+        "k": k,
+        "folds": len(results),
+        "n": n,
+        "n_feasible": int(feas.sum()),
+        **_mean(results),
+        "pooled": {m: pooled.get(m) for m in METRICS},
+    }
 
 
 def newest_holdout(
@@ -175,9 +195,10 @@ def newest_holdout(
     if not 0 < m < n or (feas[: n - m] & np.isfinite(y[: n - m])).sum() < 2:
         return {}
     g = None if groups is None else np.asarray(groups).reshape(-1)
-    model = model_factory().fit(X[: n - m], y[: n - m], feas[: n - m],
-                                None if g is None else g[: n - m])
-    pred, p = _predict(model, X[n - m:])
-    out = evaluate(y[n - m:], pred, feas[n - m:], p, None if g is None else g[n - m:])
+    model = model_factory().fit(
+        X[: n - m], y[: n - m], feas[: n - m], None if g is None else g[: n - m]
+    )
+    pred, p = _predict(model, X[n - m :])
+    out = evaluate(y[n - m :], pred, feas[n - m :], p, None if g is None else g[n - m :])
     out["n_train"] = n - m
     return out

@@ -36,8 +36,12 @@ def usable(trial: Trial) -> bool:
     if trial.state != TrialState.COMPLETE or not trial.metrics:
         return False
     value = trial.metrics.get("throughput")
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _lookup(workloads: WorkloadOf) -> Callable[[int], Workload | None]:
@@ -80,8 +84,12 @@ def training_set(
         if len(idx):
             X[idx] = featurize(wl, [rows[i].params for i in idx])
     feasible = np.array([t.state == TrialState.COMPLETE for t in rows], dtype=bool)
-    y = np.array([float(t.metrics["throughput"]) if ok and t.metrics else math.nan
-                  for t, ok in zip(rows, feasible, strict=True)])
+    y = np.array(
+        [
+            float(t.metrics["throughput"]) if ok and t.metrics else math.nan
+            for t, ok in zip(rows, feasible, strict=True)
+        ]
+    )
     return X, y, feasible, groups
 
 
@@ -124,40 +132,56 @@ def fit_and_store(
     start = time.perf_counter()
     by_objective: dict[str, Any] = {}
     if objective == "auto":
-        objective, results = select_objective(X, y, feasible, groups, k=k, seed=seed,
-                                              kind=kind, **params)
+        objective, results = select_objective(
+            X, y, feasible, groups, k=k, seed=seed, kind=kind, **params
+        )
         cv = results[objective]
         by_objective = {o: r.get("kendall_tau") for o, r in results.items()}
     else:
-        cv = cross_validate(lambda: ProxyModel(kind=kind, objective=objective, seed=seed,
-                                               **params), X, y, feasible, k=k, seed=seed,
-                            groups=groups)
+        cv = cross_validate(
+            lambda: ProxyModel(kind=kind, objective=objective, seed=seed, **params),
+            X,
+            y,
+            feasible,
+            k=k,
+            seed=seed,
+            groups=groups,
+        )
 
     def factory() -> ProxyModel:
         return ProxyModel(kind=kind, objective=objective, seed=seed, **params)
 
     holdout = newest_holdout(factory, X, y, feasible, groups=groups)
     model = factory().fit(X, y, feasible, groups)
-    metrics = _clean({
-        "objective": objective,
-        "kendall_tau_by_objective": by_objective,
-        "cv": cv,
-        "holdout": holdout,
-        "n_feasible": n_feasible,
-        "n_studies": len(np.unique(groups)),
-        "seconds": time.perf_counter() - start,
-    })
-    version = store.save_proxy_model(kind, model.save(), model.feature_names_, metrics,
-                                     n_train=len(y))
-    log.info("proxy model %s v%d: %d trials, cv tau %s", kind, version.version, len(y),
-             metrics["cv"].get("kendall_tau"))
+    metrics = _clean(
+        {
+            "objective": objective,
+            "kendall_tau_by_objective": by_objective,
+            "cv": cv,
+            "holdout": holdout,
+            "n_feasible": n_feasible,
+            "n_studies": len(np.unique(groups)),
+            "seconds": time.perf_counter() - start,
+        }
+    )
+    version = store.save_proxy_model(
+        kind, model.save(), model.feature_names_, metrics, n_train=len(y)
+    )
+    log.info(
+        "proxy model %s v%d: %d trials, cv tau %s",
+        kind,
+        version.version,
+        len(y),
+        metrics["cv"].get("kendall_tau"),
+    )
     return version
 
 
 def is_current(version: ProxyModelVersion) -> bool:
     """Whether a stored version can be loaded by this code (same format and features)."""
-    return (version.model.get("format") == FORMAT
-            and list(version.features) == feature_names(version.workload_kind))
+    return version.model.get("format") == FORMAT and list(version.features) == feature_names(
+        version.workload_kind
+    )
 
 
 def load_latest(store: Store, kind: str) -> ProxyModel | None:
@@ -227,17 +251,26 @@ class Retrainer:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
         with self._lock:
             history = self.store.history_for_kind(
-                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE])
+                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
+            )
             trials = [t for t in history if usable(t) and self._workload(t.study_id) is not None]
             if not self.due(kind, trials):
                 return None
             if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
                 return None
-            return fit_and_store(self.store, kind, trials, self._workload,
-                                 objective=self.objective, params=self.params, seed=self.seed)
+            return fit_and_store(
+                self.store,
+                kind,
+                trials,
+                self._workload,
+                objective=self.objective,
+                params=self.params,
+                seed=self.seed,
+            )
 
-    def run(self, stop: threading.Event, kinds: Sequence[str] = KINDS,
-            interval_s: float = 30.0) -> None:
+    def run(
+        self, stop: threading.Event, kinds: Sequence[str] = KINDS, interval_s: float = 30.0
+    ) -> None:
         """Check every ``interval_s`` seconds until ``stop`` is set; errors are logged."""
         while not stop.is_set():
             for kind in kinds:

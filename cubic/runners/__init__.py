@@ -14,8 +14,10 @@ REGISTRY: dict[str, type[Runner]] = {SimulatedRunner.name: SimulatedRunner}
 def make_runner(name: str, **options: Any) -> Runner:
     cls = REGISTRY.get(name)
     if cls is None:
-        raise InvalidInput(f"runner '{name}' is not available; known: "
-                           f"{', '.join(sorted(REGISTRY))}", field="runner")
+        raise InvalidInput(
+            f"runner '{name}' is not available; known: {', '.join(sorted(REGISTRY))}",
+            field="runner",
+        )
     return cls(**options)
 
 

@@ -20,8 +20,15 @@ from cubic.workload import Workload
 class SimulatedRunner(Runner):
     name = "simulated"
 
-    def __init__(self, *, steps: int = 20, time_scale: float = 0.0, seed: int = 0,
-                 noise: NoiseModel | None = None, max_workers: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        steps: int = 20,
+        time_scale: float = 0.0,
+        seed: int = 0,
+        noise: NoiseModel | None = None,
+        max_workers: int = 8,
+    ) -> None:
         self.steps = steps
         self.time_scale = time_scale
         self.seed = seed
@@ -36,8 +43,13 @@ class SimulatedRunner(Runner):
         return self._workloads[key]
 
     def _run(self, job: TrialJob, cancelled: threading.Event) -> Outcome:
-        outcome = run_job(self._workload(job.workload), job.params, steps=self.steps,
-                          noise=self.noise, seed=self.seed * 1_000_003 + job.trial_id)
+        outcome = run_job(
+            self._workload(job.workload),
+            job.params,
+            steps=self.steps,
+            noise=self.noise,
+            seed=self.seed * 1_000_003 + job.trial_id,
+        )
         if self.time_scale > 0:
             wall = self.time_scale * self.steps
             if wall > job.timeout_s:

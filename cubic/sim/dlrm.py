@@ -163,8 +163,32 @@ DEFAULTS: dict[str, Any] = {
 #: Rows per table of the TorchRec reference runs (``--num_embeddings_per_feature`` in the
 #: README's common flags: the full Criteo 1TB vocabularies, 91.1 GB of fp32 tables).
 TORCHREC_REFERENCE_ROWS = (
-    45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176, 345138, 10,
-    2209, 11267, 128, 4, 974, 14, 48937457, 11316796, 40094537, 452104, 12606, 104, 35,
+    45833188,
+    36746,
+    17245,
+    7413,
+    20243,
+    3,
+    7114,
+    1441,
+    62,
+    29275261,
+    1572176,
+    345138,
+    10,
+    2209,
+    11267,
+    128,
+    4,
+    974,
+    14,
+    48937457,
+    11316796,
+    40094537,
+    452104,
+    12606,
+    104,
+    35,
 )
 
 
@@ -179,8 +203,12 @@ def optimizer_state_bytes(optimizer: str, dim) -> np.ndarray:
     FBGEMM's row-wise Adagrad keeps one value per row; Adagrad one per element; Adam two.
     """
     dim = np.asarray(dim, dtype=float)
-    per = {"sgd": 0.0 * dim, "rowwise_adagrad": 4.0 + 0.0 * dim, "adagrad": 4.0 * dim,
-           "adam": 8.0 * dim}
+    per = {
+        "sgd": 0.0 * dim,
+        "rowwise_adagrad": 4.0 + 0.0 * dim,
+        "adagrad": 4.0 * dim,
+        "adam": 8.0 * dim,
+    }
     return per[optimizer]
 
 
@@ -212,8 +240,11 @@ def a2a_bytes(batch_per_gpu, pooled_dim, precision, error_bound=1e-3) -> np.ndar
     Each rank ends up with its ``batch_per_gpu`` samples times the summed width
     ``pooled_dim`` of the tables that others own, at the wire precision.
     """
-    return (np.asarray(batch_per_gpu, dtype=float) * np.asarray(pooled_dim, dtype=float)
-            * a2a_bytes_per_element(precision, error_bound))
+    return (
+        np.asarray(batch_per_gpu, dtype=float)
+        * np.asarray(pooled_dim, dtype=float)
+        * a2a_bytes_per_element(precision, error_bound)
+    )
 
 
 def lossy_ratio(error_bound) -> np.ndarray:
@@ -360,13 +391,17 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     shard = {c: _codes(np.asarray(a[f"sharding_{c}"], dtype=object), SHARDINGS) for c in CLASSES}
     for c in CLASSES:
         _fail(reason, shard[c] < 0, f"unknown sharding_{c}; expected one of {SHARDINGS}")
-    _fail(reason, shard["large"] == DP,
-          "data_parallel sharding of large tables: every rank would hold a full replica")
+    _fail(
+        reason,
+        shard["large"] == DP,
+        "data_parallel sharding of large tables: every rank would hold a full replica",
+    )
     place = _codes(np.asarray(a["placement_large"], dtype=object), PLACEMENTS)
     _fail(reason, place < 0, f"unknown placement_large; expected one of {PLACEMENTS}")
     clf = np.asarray(a["cache_load_factor"], dtype=float)
-    _fail(reason, (place == CACHED) & ~((clf > 0) & (clf <= 1)),
-          "cache_load_factor must be in (0, 1]")
+    _fail(
+        reason, (place == CACHED) & ~((clf > 0) & (clf <= 1)), "cache_load_factor must be in (0, 1]"
+    )
     qprec = np.asarray(a["a2a_precision"], dtype=object)
     bound = np.asarray(a["lossy_error_bound"], dtype=float)
     lossy = qprec == "lossy"
@@ -405,8 +440,14 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         sc = shard[c]
         m = {code: sc == code for code in range(5)}
         rdiv = np.where(m[RW], float(n), np.where(m[TWRW], float(gpn), 1.0))
-        per_class[c] = (m, rdiv, np.where(m[DP], b, big_b / rdiv), np.where(m[DP], b, big_b),
-                        m[RW] | m[DP], np.where(m[DP], b, big_b / n))
+        per_class[c] = (
+            m,
+            rdiv,
+            np.where(m[DP], b, big_b / rdiv),
+            np.where(m[DP], b, big_b),
+            m[RW] | m[DP],
+            np.where(m[DP], b, big_b / n),
+        )
     lookup_bw = hbm_bw * EMB_HBM_EFF
     uvm_bw = pcie_bw * UVM_EFF
     for i, t in enumerate(model.tables):
@@ -428,7 +469,8 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
             cache_rows = clf * rows_s
             hit = np.minimum(cache_hit_rate(clf, rows_s), cache_rows / np.maximum(lk_s, 1.0))
             t_cached = (3.0 * row_b + CACHE_BYTES_PER_ID) / lookup_bw + (
-                (1.0 - hit) * 2.0 * row_b + 2.0 * st_b) / uvm_bw
+                (1.0 - hit) * 2.0 * row_b + 2.0 * st_b
+            ) / uvm_bw
             t_look = np.where(is_host, traffic / uvm_bw, np.where(is_cached, t_cached, t_look))
             in_cache = np.where(is_cached, cache_rows * row_b, 0.0)
             hbm_b = np.where(is_host, 0.0, np.where(is_cached, in_cache, full_b))
@@ -469,8 +511,12 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     if model.interaction == "dot":
         flops = 3.0 * 2.0 * f * f * d * b
         cast = b * f * d * 2.0 / (hbm_bw * ACT_EFF) + 3 * FP8_CAST_FIXED_S
-        t_inter = np.where(fp8["fp8_interaction"], flops / (peak8 * DOT_EFF) + cast,
-                           flops / (peak * DOT_EFF)) + 3 * GEMM_FIXED_S
+        t_inter = (
+            np.where(
+                fp8["fp8_interaction"], flops / (peak8 * DOT_EFF) + cast, flops / (peak * DOT_EFF)
+            )
+            + 3 * GEMM_FIXED_S
+        )
     else:
         t_inter = _gemm_time(b, inter, peak, fp8["fp8_interaction"], peak8, act_b, hbm_bw)
     t_act = b * act_elems * act_b * ACT_PASSES / (hbm_bw * ACT_EFF)
@@ -496,8 +542,9 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     # Like TorchRec's planner, place by per-sample cost against a storage budget that
     # reserves space for activations rather than computing them; the placement then depends
     # on a few knobs only, so each distinct combination is placed once.
-    plan_cap = (gpu.hbm_bytes * (1.0 - HBM_RESERVE_FRAC) - RUNTIME_BYTES - mem_dense
-                - uni_mem - cache_mem)
+    plan_cap = (
+        gpu.hbm_bytes * (1.0 - HBM_RESERVE_FRAC) - RUNTIME_BYTES - mem_dense - uni_mem - cache_mem
+    )
     _, clf_idx = np.unique(np.where(is_cached, clf, 0.0), return_inverse=True)
     key = clf_idx.reshape(-1).astype(np.int64)
     for code in (shard["large"], shard["medium"], shard["small"], place):
@@ -507,9 +554,14 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     scale = big_b[first]
 
     def place_once(its, act, perf, stor, extra, capacity, bins):
-        loads = greedy_place([it[perf][first] / scale for it in its],
-                             [it[stor][first] for it in its], [it[act][first] for it in its],
-                             capacity[first], bins, [it[extra][first] for it in its])
+        loads = greedy_place(
+            [it[perf][first] / scale for it in its],
+            [it[stor][first] for it in its],
+            [it[act][first] for it in its],
+            capacity[first],
+            bins,
+            [it[extra][first] for it in its],
+        )
         return loads[0][inv] * big_b[:, None], loads[1][inv], loads[2][inv]
 
     twrw_t = np.zeros(n_cfg)
@@ -549,19 +601,31 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     nb_rw = big_b * dims[RW] * q
     nb_twrw_in = big_b * dims[TWRW] / nodes * q
     nb_twrw_x = b * dims[TWRW] * q
-    one_way = (_gate(nb_tw, cc.all_to_all(nb_tw, n, bw_n, lat_n))
-               + _gate(nb_rw, cc.reduce_scatter(nb_rw, n, bw_n, lat_n))
-               + _gate(nb_twrw_in, cc.reduce_scatter(nb_twrw_in, gpn, bw_g, lat_g))
-               + _gate(nb_twrw_x, cc.all_to_all(nb_twrw_x, nodes, bw_x, lat_x)))
+    one_way = (
+        _gate(nb_tw, cc.all_to_all(nb_tw, n, bw_n, lat_n))
+        + _gate(nb_rw, cc.reduce_scatter(nb_rw, n, bw_n, lat_n))
+        + _gate(nb_twrw_in, cc.reduce_scatter(nb_twrw_in, gpn, bw_g, lat_g))
+        + _gate(nb_twrw_x, cc.all_to_all(nb_twrw_x, nodes, bw_x, lat_x))
+    )
     pooled_comm = 2.0 * one_way  # forward embeddings, backward gradients
-    elems = 2.0 * (b * dims[TW] + big_b * dims[RW] + big_b * dims[TWRW] / nodes
-                   + np.where(nodes > 1, b * dims[TWRW], 0.0))
+    elems = 2.0 * (
+        b * dims[TW]
+        + big_b * dims[RW]
+        + big_b * dims[TWRW] / nodes
+        + np.where(nodes > 1, b * dims[TWRW], 0.0)
+    )
     has_comm = one_way > 0
-    t_quant = np.select(
-        [lossy, q < 4.0],
-        [elems * 4.0 * 2.0 / (LOSSY_HBM_FRAC * hbm_bw),
-         elems * (2.0 * (4.0 + q) + np.where(q < 2.0, 4.0, 0.0)) / (hbm_bw * ACT_EFF)],
-        0.0) * has_comm
+    t_quant = (
+        np.select(
+            [lossy, q < 4.0],
+            [
+                elems * 4.0 * 2.0 / (LOSSY_HBM_FRAC * hbm_bw),
+                elems * (2.0 * (4.0 + q) + np.where(q < 2.0, 4.0, 0.0)) / (hbm_bw * ACT_EFF),
+            ],
+            0.0,
+        )
+        * has_comm
+    )
     budget = t_bottom_all + np.where(pipe, PIPE_A2A_OVERLAP * (t_dense - t_bottom_all), 0.0)
     a2a_exposed = np.maximum(0.0, pooled_comm - budget)
     nb_ids = b * ids * 8.0 + b * len(model.tables) * 4.0
@@ -569,8 +633,9 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     t_h2d = in_batch / pcie_bw
     input_dist = t_ids + t_h2d + INPUT_SYNC_S
     # pipelined: batch i+1's input distribution runs during batch i's whole step
-    input_exposed = np.where(pipe, np.maximum(0.0, input_dist - t_dense - HOST_OVERHEAD_S),
-                             input_dist)
+    input_exposed = np.where(
+        pipe, np.maximum(0.0, input_dist - t_dense - HOST_OVERHEAD_S), input_dist
+    )
     t_a2a = a2a_exposed + t_quant + input_exposed
 
     ar_bytes = 4.0 * (dense_params + dp_elems)
@@ -597,14 +662,27 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     }
     hbm = gpu.hbm_bytes
     oom = peak_mem > hbm
-    names = np.array(["embedding shards", "embedding cache", "dense weights and optimizer",
-                      "activations", "input and all-to-all buffers", "runtime"], dtype=object)
+    names = np.array(
+        [
+            "embedding shards",
+            "embedding cache",
+            "dense weights and optimizer",
+            "activations",
+            "input and all-to-all buffers",
+            "runtime",
+        ],
+        dtype=object,
+    )
     part_arr = np.stack(list(parts.values()), axis=1)
     big = np.argmax(part_arr, axis=1)
     if oom.any():
         gb = part_arr[np.arange(n_cfg), big] / 1e9
-        msg = (np.char.mod("out of memory: %.1f GB of ", gb).astype(object) + names[big]
-               + f" > {gpu.hbm_gb:g} GB HBM on rank " + np.char.mod("%d", worst).astype(object))
+        msg = (
+            np.char.mod("out of memory: %.1f GB of ", gb).astype(object)
+            + names[big]
+            + f" > {gpu.hbm_gb:g} GB HBM on rank "
+            + np.char.mod("%d", worst).astype(object)
+        )
         reason_oom = np.full(n_cfg, "", dtype=object)
         _fail(reason_oom, oom, msg)
     else:
@@ -613,8 +691,12 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     host_cap = gpu.host_mem_gb_per_node * 1e9 * HOST_USABLE_FRAC
     host_oom = host_node > host_cap
     if host_oom.any():
-        msg = (np.char.mod("out of host memory: %.1f GB of host-placed embeddings", host_node / 1e9)
-               .astype(object) + f" > {host_cap / 1e9:g} GB usable per node")
+        msg = (
+            np.char.mod(
+                "out of host memory: %.1f GB of host-placed embeddings", host_node / 1e9
+            ).astype(object)
+            + f" > {host_cap / 1e9:g} GB usable per node"
+        )
         _fail(reason_oom, host_oom & ~oom, msg)
     valid = reason == ""
     fits = ~(oom | host_oom)
@@ -686,8 +768,9 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
       (``UVM_CACHING_RATIO``).
     """
     base = PRESETS["dlrm_criteo_dot"]
-    tables = tuple(replace(t, rows=r)
-                   for t, r in zip(base.model.tables, TORCHREC_REFERENCE_ROWS, strict=True))
+    tables = tuple(
+        replace(t, rows=r) for t, r in zip(base.model.tables, TORCHREC_REFERENCE_ROWS, strict=True)
+    )
     num_gpus = int(row["num_gpus"])
     gpn = int(row.get("gpus_per_node") or 8)
     mb = int(row.get("micro_batch") or 0) or int(row["global_batch"]) // num_gpus
@@ -695,8 +778,11 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
         name=str(row.get("id") or "torchrec_dlrm"),
         model=replace(base.model, name="torchrec_dlrm_criteo_1tb", tables=tables),
         cluster=Cluster(str(row["gpu"]), num_gpus, gpn),
-        training=Training(global_batch=mb * num_gpus, optimizer="sgd",
-                          precision=str(row.get("precision") or "fp32")),
+        training=Training(
+            global_batch=mb * num_gpus,
+            optimizer="sgd",
+            precision=str(row.get("precision") or "fp32"),
+        ),
     )
     config: dict[str, Any] = {
         "sharding_large": "table_wise",

@@ -43,9 +43,7 @@ class NoiseModel:
 
 
 def _oom_message(reason: str, gpu: str) -> str:
-    return (
-        f"torch.OutOfMemoryError: CUDA out of memory on {gpu} (simulated). {reason}"
-    )
+    return f"torch.OutOfMemoryError: CUDA out of memory on {gpu} (simulated). {reason}"
 
 
 def run_job(
@@ -65,8 +63,12 @@ def run_job(
         return Outcome("infeasible", error=row["reason"], log_tail=f"ValueError: {row['reason']}")
     if not row["fits"]:
         msg = _oom_message(row["reason"], workload.cluster.gpu)
-        return Outcome("infeasible", metrics={"peak_memory_gb": row["peak_memory_gb"]},
-                       error=row["reason"], log_tail=msg)
+        return Outcome(
+            "infeasible",
+            metrics={"peak_memory_gb": row["peak_memory_gb"]},
+            error=row["reason"],
+            log_tail=msg,
+        )
     if noise.failure_prob > 0 and rng.random() < noise.failure_prob:
         step = int(rng.integers(0, max(1, steps)))
         return Outcome(

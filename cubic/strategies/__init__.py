@@ -13,8 +13,7 @@ from cubic.study import ResolvedStudy
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls
-    for cls in (RandomStrategy, TPEStrategy, GPStrategy, QMCStrategy, GridStrategy,
-                CubicStrategy)
+    for cls in (RandomStrategy, TPEStrategy, GPStrategy, QMCStrategy, GridStrategy, CubicStrategy)
 }
 
 

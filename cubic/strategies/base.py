@@ -68,8 +68,9 @@ class Strategy(ABC):
     def seen(self, history: Sequence[Trial]) -> set[str]:
         return {config_key(t.params) for t in history}
 
-    def fill_random(self, history: Sequence[Trial], proposals: list[Proposal], n: int,
-                    seen: set[str]) -> list[Proposal]:
+    def fill_random(
+        self, history: Sequence[Trial], proposals: list[Proposal], n: int, seen: set[str]
+    ) -> list[Proposal]:
         """Top up ``proposals`` to ``n`` with random valid configurations never seen before."""
         rng = self.rng(history)
         near_infeasible = self._near_infeasible(history)
@@ -103,8 +104,11 @@ class Strategy(ABC):
 
         Random top-ups use it to skip regions already known to run out of memory.
         """
-        done = [(self._position(t.params), t.state == TrialState.INFEASIBLE)
-                for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        done = [
+            (self._position(t.params), t.state == TrialState.INFEASIBLE)
+            for t in history
+            if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)
+        ]
         if not done or not any(bad for _, bad in done):
             return lambda cfg: False
         pts = np.stack([p for p, _ in done])
@@ -116,8 +120,14 @@ class Strategy(ABC):
 
         return test
 
-    def fill_neighbours(self, history: Sequence[Trial], proposals: list[Proposal], n: int,
-                        seen: set[str], top: int = 8) -> list[Proposal]:
+    def fill_neighbours(
+        self,
+        history: Sequence[Trial],
+        proposals: list[Proposal],
+        n: int,
+        seen: set[str],
+        top: int = 8,
+    ) -> list[Proposal]:
         """Top up ``proposals`` with unseen valid configs a step or two away from the best."""
         spec = self.study.spec
         ranked = []

@@ -46,13 +46,26 @@ class CubicStrategy(Strategy):
     name = "cubic"
     accepts_prior = True
 
-    def __init__(self, study: ResolvedStudy, *, seed: int | None = None,
-                 prior: Prior | None = None, proxy: ProxyModel | None = None,
-                 warmup: int | None = None, pool_size: int = 10_000, kappa: float = 1.0,
-                 feasibility_power: float = 2.0, radius: float = 0.5,
-                 transfer_tau: float = 0.6, n_members: int = 5, n_estimators: int = 150,
-                 refit_every: int = 2, min_feasible: float = 0.5,
-                 warmup_pool: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        study: ResolvedStudy,
+        *,
+        seed: int | None = None,
+        prior: Prior | None = None,
+        proxy: ProxyModel | None = None,
+        warmup: int | None = None,
+        pool_size: int = 10_000,
+        kappa: float = 1.0,
+        feasibility_power: float = 2.0,
+        radius: float = 0.5,
+        transfer_tau: float = 0.6,
+        n_members: int = 5,
+        n_estimators: int = 150,
+        refit_every: int = 2,
+        min_feasible: float = 0.5,
+        warmup_pool: int | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(study, seed=seed, **options)
         self.prior: list[tuple[Workload, Trial]] = []
         self.set_prior(prior or [])
@@ -71,8 +84,9 @@ class CubicStrategy(Strategy):
         self.warmup_pool = warmup_pool
         self._grids = self._make_grids()
         self._model: tuple[int, ProxyModel] | None = None
-        self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray,
-                                 np.ndarray] | None = None
+        self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray] | None = (
+            None
+        )
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
@@ -96,13 +110,13 @@ class CubicStrategy(Strategy):
             col = np.asarray(arrays[name])
             if isinstance(grid, list):
                 index = {v: i for i, v in enumerate(grid)}
-                pos = np.array([index.get(v, (len(grid) - 1) / 2) for v in col.tolist()],
-                               dtype=float)
+                pos = np.array(
+                    [index.get(v, (len(grid) - 1) / 2) for v in col.tolist()], dtype=float
+                )
                 cols.append(pos / max(1, len(grid) - 1))
             else:
                 lo, hi = grid
-                cols.append((col.astype(float) - lo) / (hi - lo) if hi > lo
-                            else np.zeros(len(col)))
+                cols.append((col.astype(float) - lo) / (hi - lo) if hi > lo else np.zeros(len(col)))
         return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
 
     def _fits_estimate(self, X: np.ndarray) -> np.ndarray:
@@ -130,9 +144,13 @@ class CubicStrategy(Strategy):
         bound = self.study.spec.constraints.max_error_score
         if bound is None:
             return np.ones(len(X), dtype=bool)
+
         def measured(t: Trial) -> bool:
-            return (t.state == TrialState.COMPLETE and bool(t.metrics)
-                    and isinstance(t.metrics.get("error_score"), int | float))
+            return (
+                t.state == TrialState.COMPLETE
+                and bool(t.metrics)
+                and isinstance(t.metrics.get("error_score"), int | float)
+            )
 
         # The score depends on the knobs alone, so other studies' trials teach it too.
         done = [(self.study.workload, t) for t in history if measured(t)]
@@ -146,8 +164,7 @@ class CubicStrategy(Strategy):
         by_wl: dict[int, list[tuple[Workload, Trial]]] = {}
         for wl, t in done:
             by_wl.setdefault(id(wl), []).append((wl, t))
-        Xt = np.concatenate([featurize(g[0][0], [t.params for _, t in g])
-                             for g in by_wl.values()])
+        Xt = np.concatenate([featurize(g[0][0], [t.params for _, t in g]) for g in by_wl.values()])
         yt = np.array([float(t.metrics["error_score"]) for g in by_wl.values() for _, t in g])
         if np.ptp(yt) == 0:
             return np.full(len(X), bool(yt[0] <= bound))
@@ -157,8 +174,7 @@ class CubicStrategy(Strategy):
 
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
-        own_done = [t for t in history
-                    if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
         rng = self.rng(history)
         seen = self.seen(history)
         warm = len(own_done) < self.warmup and not self._transfer_ready()
@@ -167,8 +183,9 @@ class CubicStrategy(Strategy):
             return self._space_filling(history, n, seen, rng)
         return self._guided(history, n, seen, rng)
 
-    def _space_filling(self, history: Sequence[Trial], n: int, seen: set[str],
-                       rng: np.random.Generator) -> list[Proposal]:
+    def _space_filling(
+        self, history: Sequence[Trial], n: int, seen: set[str], rng: np.random.Generator
+    ) -> list[Proposal]:
         space, ctx = self.study.space, self.context
         # A modest pool: max-min spacing over a huge one picks extreme corners, which are
         # the configs most likely to run out of memory or break a bound.
@@ -185,8 +202,11 @@ class CubicStrategy(Strategy):
         pos = self.positions(pool)[keep]
         taken = [t.params for t in history]
         anchor = self.positions(space.to_arrays(taken)) if taken else np.zeros((0, pos.shape[1]))
-        dist = (np.full(len(keep), np.inf) if len(anchor) == 0 else
-                np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1))
+        dist = (
+            np.full(len(keep), np.inf)
+            if len(anchor) == 0
+            else np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1)
+        )
         out: list[Proposal] = []
         for _ in range(min(n, len(keep))):
             j = int(np.argmax(dist + rng.random(len(dist)) * 1e-6))
@@ -210,17 +230,27 @@ class CubicStrategy(Strategy):
         v = vals[0]
         return (v if spec.objectives[0].direction == "maximize" else 1.0 / v), True
 
-    def _training_set(self, history: Sequence[Trial]
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _training_set(
+        self, history: Sequence[Trial]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Features, values (NaN where infeasible), feasibility and groups of all trials."""
         blocks: list[tuple[Workload, list[dict[str, Any]], list[float], list[bool], int]] = []
-        rows = [(t.params, *self._value(t)) for t in history
-                if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        rows = [
+            (t.params, *self._value(t))
+            for t in history
+            if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)
+        ]
         rows = [(p, v, f) for p, v, f in rows if v is not None or not f]
         if rows:
-            blocks.append((self.study.workload, [r[0] for r in rows],
-                           [np.nan if r[1] is None else r[1] for r in rows],
-                           [r[2] for r in rows], 0))
+            blocks.append(
+                (
+                    self.study.workload,
+                    [r[0] for r in rows],
+                    [np.nan if r[1] is None else r[1] for r in rows],
+                    [r[2] for r in rows],
+                    0,
+                )
+            )
         by_wl: dict[int, list[tuple[Workload, Trial]]] = {}
         for wl, t in self.prior:
             by_wl.setdefault(id(wl), []).append((wl, t))
@@ -250,8 +280,7 @@ class CubicStrategy(Strategy):
 
     def _fit(self, history: Sequence[Trial]) -> ProxyModel | None:
         """The proxy for this round: refitted once ``refit_every`` new trials have finished."""
-        n_done = sum(1 for t in history if t.state in (TrialState.COMPLETE,
-                                                       TrialState.INFEASIBLE))
+        n_done = sum(1 for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE))
         if self._model is not None and n_done - self._model[0] < self.refit_every:
             return self._model[1]
         model = self._fit_now(history)
@@ -265,8 +294,12 @@ class CubicStrategy(Strategy):
         X, y, feas, groups = self._training_set(history)
         if int(np.sum(feas & np.isfinite(y))) < 2:
             return None
-        model = ProxyModel(kind=self.study.workload.kind, n_members=self.n_members,
-                           n_estimators=self.n_estimators, seed=self.seed or 0)
+        model = ProxyModel(
+            kind=self.study.workload.kind,
+            n_members=self.n_members,
+            n_estimators=self.n_estimators,
+            seed=self.seed or 0,
+        )
         return model.fit(X, y, feas, groups)
 
     def _transfer_ready(self) -> bool:
@@ -279,7 +312,8 @@ class CubicStrategy(Strategy):
         if not self.allow_fit:
             return self.proxy is not None
         key = hashlib.sha1(
-            "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()).hexdigest()
+            "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()
+        ).hexdigest()
         if key not in _TRANSFER_CACHE:
             _TRANSFER_CACHE[key] = self._prior_tau()
         return _TRANSFER_CACHE[key] >= self.transfer_tau
@@ -302,15 +336,17 @@ class CubicStrategy(Strategy):
             train = groups != gid
             if test.sum() < 8 or np.sum(feas[train] & np.isfinite(y[train])) < 8:
                 continue
-            m = ProxyModel(kind=self.study.workload.kind, n_members=1, n_estimators=100,
-                           seed=0).fit(X[train], y[train], feas[train], groups[train])
+            m = ProxyModel(
+                kind=self.study.workload.kind, n_members=1, n_estimators=100, seed=0
+            ).fit(X[train], y[train], feas[train], groups[train])
             tau = kendalltau(m.predict_log(X[test])[0], np.log(y[test])).statistic
             taus.append(0.0 if np.isnan(tau) else float(tau))
         return float(np.mean(taus)) if taus else 0.0
 
     # candidates and the acquisition ---------------------------------------------------------
-    def _random_part(self, rng: np.random.Generator
-                     ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray]:
+    def _random_part(
+        self, rng: np.random.Generator
+    ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray]:
         """Uniform random valid configs with their keys, features and positions (cached:
         they depend only on the space and the workload)."""
         if self._random_pool is None:
@@ -322,26 +358,35 @@ class CubicStrategy(Strategy):
             keys = [config_key(c) for c in configs]
             first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
             arrays = {k: v[first] for k, v in arrays.items()}
-            self._random_pool = ([configs[i] for i in first], [keys[i] for i in first],
-                                 featurize(self.study.workload, arrays),
-                                 self.positions(arrays))
+            self._random_pool = (
+                [configs[i] for i in first],
+                [keys[i] for i in first],
+                featurize(self.study.workload, arrays),
+                self.positions(arrays),
+            )
         return self._random_pool
 
-    def _mutants(self, history: Sequence[Trial], m: int, rng: np.random.Generator
-                 ) -> dict[str, np.ndarray]:
+    def _mutants(
+        self, history: Sequence[Trial], m: int, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
         """``m`` valid configs one or two knob steps from the best trials (vectorised)."""
-        ranked = sorted(((v, t) for t in history for v in [self._value(t)[0]]
-                         if v is not None), key=lambda p: p[0], reverse=True)[:8]
+        ranked = sorted(
+            ((v, t) for t in history for v in [self._value(t)[0]] if v is not None),
+            key=lambda p: p[0],
+            reverse=True,
+        )[:8]
         space = self.study.space
         if not ranked:
             return {}
         base = space.to_arrays([t.params for _, t in ranked])
         rows = rng.integers(0, len(ranked), m)
         # Object columns: a fixed-width string array would truncate a longer choice.
-        raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items()
-               if k in space.names}
-        finite = [(p, grid) for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
-                  if isinstance(grid, list) and len(grid) > 1]
+        raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items() if k in space.names}
+        finite = [
+            (p, grid)
+            for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
+            if isinstance(grid, list) and len(grid) > 1
+        ]
         if not finite:
             return {}
         for step in range(2):
@@ -363,8 +408,9 @@ class CubicStrategy(Strategy):
         arrays, keep = space.resolve_arrays(raw, self.context)
         return {k: v[keep] for k, v in arrays.items()}
 
-    def _pool(self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
-              ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
+    def _pool(
+        self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
+    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
         """Candidates never tried: random, mutations of the best, and TPE's proposals."""
         from cubic.proxy.features import featurize
 
@@ -391,11 +437,15 @@ class CubicStrategy(Strategy):
         if not extra:
             return pool, X[keep], pos[keep]
         ex = self.study.space.to_arrays([p.params for p in extra])
-        return (pool, np.concatenate([X[keep], featurize(self.study.workload, ex)]),
-                np.concatenate([pos[keep], self.positions(ex)]))
+        return (
+            pool,
+            np.concatenate([X[keep], featurize(self.study.workload, ex)]),
+            np.concatenate([pos[keep], self.positions(ex)]),
+        )
 
-    def _guided(self, history: Sequence[Trial], n: int, seen: set[str],
-                rng: np.random.Generator) -> list[Proposal]:
+    def _guided(
+        self, history: Sequence[Trial], n: int, seen: set[str], rng: np.random.Generator
+    ) -> list[Proposal]:
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
@@ -406,8 +456,7 @@ class CubicStrategy(Strategy):
         p = model.feasible(X)
         ucb = mu + self.kappa * sd
         score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(
-            history, X)
+        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(history, X)
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
         out: list[Proposal] = []
@@ -415,13 +464,18 @@ class CubicStrategy(Strategy):
         for _ in range(min(n, len(pool))):
             j = int(np.argmax(score))
             pred = float(np.exp(mu[j]))
-            out.append(Proposal(pool[j], {
-                "phase": "model",
-                "value": pred if direction == "maximize" else 1.0 / pred,
-                "log_std": float(sd[j]),
-                "p_feasible": float(p[j]),
-                "acquisition": float(score[j]),
-            }))
+            out.append(
+                Proposal(
+                    pool[j],
+                    {
+                        "phase": "model",
+                        "value": pred if direction == "maximize" else 1.0 / pred,
+                        "log_std": float(sd[j]),
+                        "p_feasible": float(p[j]),
+                        "acquisition": float(score[j]),
+                    },
+                )
+            )
             dist = np.abs(pos - pos[j]).sum(axis=1)
             score = score * (1.0 - np.exp(-((dist / self.radius) ** 2)))
             score[j] = -1.0

@@ -22,8 +22,11 @@ class GridStrategy(Strategy):
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         space = self.study.space
         if not space.is_finite:
-            raise InvalidInput("strategy 'grid' needs a finite space (a float without a step "
-                               "has infinitely many values)", field="strategy.name")
+            raise InvalidInput(
+                "strategy 'grid' needs a finite space (a float without a step "
+                "has infinitely many values)",
+                field="strategy.name",
+            )
         points = space.enumerate(self.context)
         order = np.random.default_rng(self.seed or 0).permutation(len(points))
         seen = self.seen(history)

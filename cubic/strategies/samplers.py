@@ -58,8 +58,9 @@ class OptunaStrategy(Strategy):
     def _distributions(self) -> dict[str, BaseDistribution]:
         return self.study.space.optuna_distributions()
 
-    def _frozen(self, history: Sequence[Trial], dists: dict[str, BaseDistribution]
-                ) -> list[FrozenTrial]:
+    def _frozen(
+        self, history: Sequence[Trial], dists: dict[str, BaseDistribution]
+    ) -> list[FrozenTrial]:
         space = self.study.space
         scored = [(t, *self.scored(t)) for t in history]
         penalty = self._penalty([v for _, v, _ in scored if v is not None])
@@ -68,17 +69,24 @@ class OptunaStrategy(Strategy):
             # An inactive conditional knob holds its default, which may lie outside its
             # choices (cache_load_factor 1.0 when nothing is cached): leave it out, as
             # Optuna's define-by-run trials would.
-            params = {k: v for k, v in t.params.items()
-                      if k in dists and space[k].contains(v)}
+            params = {k: v for k, v in t.params.items() if k in dists and space[k].contains(v)}
             pd = {k: dists[k] for k in params}
             try:
                 if t.state in (TrialState.WAITING, TrialState.RUNNING):
-                    frozen.append(optuna.trial.create_trial(
-                        state=OptunaState.RUNNING, params=params, distributions=pd))
+                    frozen.append(
+                        optuna.trial.create_trial(
+                            state=OptunaState.RUNNING, params=params, distributions=pd
+                        )
+                    )
                 elif vals is not None or viol > 0:
-                    frozen.append(optuna.trial.create_trial(
-                        values=vals if vals is not None else penalty, params=params,
-                        distributions=pd, constraints={"feasible": viol}))
+                    frozen.append(
+                        optuna.trial.create_trial(
+                            values=vals if vals is not None else penalty,
+                            params=params,
+                            distributions=pd,
+                            constraints={"feasible": viol},
+                        )
+                    )
             except ValueError:
                 continue  # a config from outside the space (an import): nothing to learn here
         return frozen
@@ -160,7 +168,8 @@ class GPStrategy(OptunaStrategy):
                 "strategy 'gp' needs PyTorch: pip install 'cubic[gp]'", field="strategy.name"
             ) from exc
         return optuna.samplers.GPSampler(
-            seed=seed, **self.options,
+            seed=seed,
+            **self.options,
         )
 
 
@@ -171,5 +180,8 @@ class QMCStrategy(OptunaStrategy):
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.QMCSampler(
-            seed=seed, scramble=True, warn_asynchronous_seeding=False, **self.options,
+            seed=seed,
+            scramble=True,
+            warn_asynchronous_seeding=False,
+            **self.options,
         )

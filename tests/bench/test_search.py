@@ -33,8 +33,7 @@ from cubic.strategies.samplers import RandomStrategy
 
 
 @pytest.mark.parametrize("fixture", ["llm_study", "dlrm_study"])
-def test_optimum_is_the_brute_force_maximum(fixture: str, request: pytest.FixtureRequest
-                                            ) -> None:
+def test_optimum_is_the_brute_force_maximum(fixture: str, request: pytest.FixtureRequest) -> None:
     study = load_study(request.getfixturevalue(fixture))
     best, infeasible = None, 0
     configs = study.space.enumerate(study.context)
@@ -61,10 +60,13 @@ def test_a_run_is_deterministic_for_a_seed(llm_study: Path) -> None:
         return simulate_search(study, strategy, seed=seed, workers=3, budget=12)
 
     a, b = trials(1), trials(1)
-    assert [(t.params, t.state, t.metrics, t.finished_at) for t in a] == \
-        [(t.params, t.state, t.metrics, t.finished_at) for t in b]
-    assert run_one(study, "tpe", 1, workers=3, budget=12).curve == \
+    assert [(t.params, t.state, t.metrics, t.finished_at) for t in a] == [
+        (t.params, t.state, t.metrics, t.finished_at) for t in b
+    ]
+    assert (
         run_one(study, "tpe", 1, workers=3, budget=12).curve
+        == run_one(study, "tpe", 1, workers=3, budget=12).curve
+    )
     assert [t.params for t in trials(2)] != [t.params for t in a]
 
 
@@ -102,28 +104,70 @@ def test_failed_trials_are_retried_without_consuming_budget(llm_study: Path) -> 
     assert run.n_trials == 10 and run.n_attempts > 10 and run.n_failed > 0
 
 
-def test_json_has_the_documented_keys_and_the_plot_is_a_png(llm_study: Path, dlrm_study: Path,
-                                                             tmp_path: Path) -> None:
+def test_json_has_the_documented_keys_and_the_plot_is_a_png(
+    llm_study: Path, dlrm_study: Path, tmp_path: Path
+) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     console = Console(record=True, width=200)
-    result = bench_search([llm_study, dlrm_study], "random,no-such-strategy", "0-1",
-                          workers=2, budget=8, json_out=out, plot_out=png, console=console)
+    result = bench_search(
+        [llm_study, dlrm_study],
+        "random,no-such-strategy",
+        "0-1",
+        workers=2,
+        budget=8,
+        json_out=out,
+        plot_out=png,
+        console=console,
+    )
     text = console.export_text()
     assert "no-such-strategy" in text and "tiny-llm" in text
     data = json.loads(out.read_text())
     assert set(data) == {"version", "settings", "studies", "runs", "summary", "skipped"}
     assert data["skipped"] == ["no-such-strategy"]
     assert set(data["studies"]["tiny-dlrm"]) == {
-        "name", "file", "kind", "workload", "cluster", "metric", "direction", "size",
-        "infeasible_share", "optimum", "optimum_config", "baseline_ratio"}
+        "name",
+        "file",
+        "kind",
+        "workload",
+        "cluster",
+        "metric",
+        "direction",
+        "size",
+        "infeasible_share",
+        "optimum",
+        "optimum_config",
+        "baseline_ratio",
+    }
     assert len(data["runs"]) == 4
     assert set(data["runs"][0]) == {
-        "study", "strategy", "seed", "curve", "best_tried", "trials_to", "n_trials",
-        "n_attempts", "n_failed", "n_infeasible", "infeasible_share", "best_config",
-        "best_measured", "best_ratio", "prior_trials", "wall_s", "makespan_s"}
+        "study",
+        "strategy",
+        "seed",
+        "curve",
+        "best_tried",
+        "trials_to",
+        "n_trials",
+        "n_attempts",
+        "n_failed",
+        "n_infeasible",
+        "infeasible_share",
+        "best_config",
+        "best_measured",
+        "best_ratio",
+        "prior_trials",
+        "wall_s",
+        "makespan_s",
+    }
     row = data["summary"][0]
-    assert set(row) == {"study", "strategy", "runs", "best_at", "trials_to",
-                        "infeasible_share", "wall_s"}
+    assert set(row) == {
+        "study",
+        "strategy",
+        "runs",
+        "best_at",
+        "trials_to",
+        "infeasible_share",
+        "wall_s",
+    }
     assert set(row["best_at"]) == {"8"} and set(row["best_at"]["8"]) == {"median", "q25", "q75"}
     assert set(row["trials_to"]) == {"0.95", "0.99"}
     assert set(row["trials_to"]["0.95"]) == {"median", "reached"}
@@ -137,14 +181,21 @@ class _PriorStrategy(RandomStrategy):
     name = "prior-test"
     given: list[int] = []  # noqa: RUF012 - a test probe
 
-    def __init__(self, study: Any, *, seed: int | None = None,
-                 prior: Sequence[tuple[Any, Trial]] = (), **options: Any) -> None:
+    def __init__(
+        self,
+        study: Any,
+        *,
+        seed: int | None = None,
+        prior: Sequence[tuple[Any, Trial]] = (),
+        **options: Any,
+    ) -> None:
         super().__init__(study, seed=seed, **options)
         _PriorStrategy.given.append(len(prior))
 
 
 def test_history_of_other_studies_reaches_strategies_that_accept_it(
-        llm_study: Path, dlrm_study: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm_study: Path, dlrm_study: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prior = history_from_other_studies([llm_study, dlrm_study], "tiny-llm", n_per_study=6)
     assert len(prior) == 6
     assert all(wl.kind == "dlrm" and t.is_finished and t.study_id == 2 for wl, t in prior)
@@ -152,8 +203,9 @@ def test_history_of_other_studies_reaches_strategies_that_accept_it(
     monkeypatch.setitem(REGISTRY, "prior-test", _PriorStrategy)
     monkeypatch.setattr(_PriorStrategy, "given", [])
     assert accepts_prior(_PriorStrategy) and not accepts_prior(RandomStrategy)
-    result = run_benchmark([llm_study], ["prior-test", "random"], [0], workers=2, budget=4,
-                           history={"tiny-llm": prior})
+    result = run_benchmark(
+        [llm_study], ["prior-test", "random"], [0], workers=2, budget=4, history={"tiny-llm": prior}
+    )
     assert _PriorStrategy.given == [6]
     assert [r.prior_trials for r in result.runs] == [6, 0]
 

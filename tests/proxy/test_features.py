@@ -25,16 +25,32 @@ from tests.proxy.simdata import space
 
 TINY_LLM = Workload(
     "tiny",
-    LLM("tiny", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000,
-        seq_len=2048, gated_mlp=False),
+    LLM(
+        "tiny",
+        layers=4,
+        hidden=1024,
+        heads=8,
+        kv_heads=8,
+        ffn=4096,
+        vocab=32000,
+        seq_len=2048,
+        gated_mlp=False,
+    ),
     Cluster("h100_sxm", 8, 8),
     Training(global_batch=16),
 )
 TOY_DLRM = Workload(
     "toy",
-    DLRM("toy", (EmbeddingTable("big", 2_000_000, 64, 2.0), EmbeddingTable("mid", 20_000, 64),
-                 EmbeddingTable("tiny", 100, 64)),
-         bottom_mlp=(128, 64), top_mlp=(128, 1)),
+    DLRM(
+        "toy",
+        (
+            EmbeddingTable("big", 2_000_000, 64, 2.0),
+            EmbeddingTable("mid", 20_000, 64),
+            EmbeddingTable("tiny", 100, 64),
+        ),
+        bottom_mlp=(128, 64),
+        top_mlp=(128, 1),
+    ),
     Cluster("h100_sxm", 8, 8),
     Training(global_batch=8192, optimizer="sgd"),
 )
@@ -98,11 +114,18 @@ def test_one_hot_encoding() -> None:
     wl = PRESETS["dlrm_criteo_dcnv2"]
     X = featurize(wl, space("dlrm").sample(np.random.default_rng(2), 100, wl.context()))
     names = feature_names("dlrm")
-    for prefix in ("sharding_large_", "sharding_medium_", "sharding_small_",
-                   "placement_large_", "a2a_"):
-        cols = [i for i, n in enumerate(names)
-                if n.startswith(prefix) and n not in ("a2a_bytes_per_element",
-                                                       "a2a_bytes_per_sample")]
+    for prefix in (
+        "sharding_large_",
+        "sharding_medium_",
+        "sharding_small_",
+        "placement_large_",
+        "a2a_",
+    ):
+        cols = [
+            i
+            for i, n in enumerate(names)
+            if n.startswith(prefix) and n not in ("a2a_bytes_per_element", "a2a_bytes_per_sample")
+        ]
         np.testing.assert_array_equal(X[:, cols].sum(axis=1), 1.0)
     r = _row(TOY_DLRM, {"sharding_large": "column_wise", "a2a_precision": "bf16"})
     assert r["sharding_large_column_wise"] == 1 and r["sharding_large_row_wise"] == 0
@@ -110,11 +133,20 @@ def test_one_hot_encoding() -> None:
 
 
 def test_booleans_and_log_sizes() -> None:
-    r = _row(TINY_LLM, {"tp": 2, "pp": 2, "micro_batch": 4, "sequence_parallel": True,
-                        "fp8_qkv": True, "fp8_mlp_in": 1, "fp8_lm_head": "false"})
+    r = _row(
+        TINY_LLM,
+        {
+            "tp": 2,
+            "pp": 2,
+            "micro_batch": 4,
+            "sequence_parallel": True,
+            "fp8_qkv": True,
+            "fp8_mlp_in": 1,
+            "fp8_lm_head": "false",
+        },
+    )
     assert (r["log2_tp"], r["log2_pp"], r["log2_micro_batch"], r["log2_dp"]) == (1, 1, 2, 1)
-    assert (r["sequence_parallel"], r["fp8_qkv"], r["fp8_mlp_in"], r["fp8_lm_head"]) == (
-        1, 1, 1, 0)
+    assert (r["sequence_parallel"], r["fp8_qkv"], r["fp8_mlp_in"], r["fp8_lm_head"]) == (1, 1, 1, 0)
     assert r["fp8_sites"] == 2
     # Sequence parallelism does not exist without tensor parallelism.
     assert _row(TINY_LLM, {"tp": 1, "sequence_parallel": True})["sequence_parallel"] == 0
@@ -122,8 +154,18 @@ def test_booleans_and_log_sizes() -> None:
 
 def test_llm_derived_quantities_by_hand() -> None:
     """tp=2, pp=2 on 8 GPUs: dp=2, 4 micro-batches of 2 x 2048 tokens, ZeRO-1."""
-    r = _row(TINY_LLM, {"tp": 2, "pp": 2, "cp": 1, "micro_batch": 2, "zero_stage": 1,
-                        "recompute": "none", "sequence_parallel": True})
+    r = _row(
+        TINY_LLM,
+        {
+            "tp": 2,
+            "pp": 2,
+            "cp": 1,
+            "micro_batch": 2,
+            "zero_stage": 1,
+            "recompute": "none",
+            "sequence_parallel": True,
+        },
+    )
     assert r["log2_dp"] == 1
     assert r["log2_microbatches"] == 2
     assert r["bubble_fraction"] == pytest.approx(0.25)
@@ -164,17 +206,32 @@ def test_llm_derived_quantities_by_hand() -> None:
 def test_overlap_only_lowers_the_roofline() -> None:
     base = {"tp": 2, "pp": 1, "zero_stage": 1, "sequence_parallel": True}
     plain = _row(TINY_LLM, base)
-    ovl = _row(TINY_LLM, {**base, "tp_comm_overlap": True, "overlap_grad_reduce": True,
-                          "overlap_param_gather": True})
+    ovl = _row(
+        TINY_LLM,
+        {
+            **base,
+            "tp_comm_overlap": True,
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+        },
+    )
     assert ovl[OFFSET] > plain[OFFSET]
     assert ovl["log_serial_throughput"] == plain["log_serial_throughput"]
 
 
 def test_dlrm_derived_quantities_by_hand() -> None:
-    r = _row(TOY_DLRM, {"sharding_large": "row_wise", "sharding_medium": "table_wise",
-                        "sharding_small": "data_parallel", "placement_large": "cached",
-                        "cache_load_factor": 0.1, "a2a_precision": "fp16",
-                        "batch_per_gpu": 1024})
+    r = _row(
+        TOY_DLRM,
+        {
+            "sharding_large": "row_wise",
+            "sharding_medium": "table_wise",
+            "sharding_small": "data_parallel",
+            "placement_large": "cached",
+            "cache_load_factor": 0.1,
+            "a2a_precision": "fp16",
+            "batch_per_gpu": 1024,
+        },
+    )
     big = 2_000_000 * 64 * 4  # SGD keeps no state per row
     assert r["emb_gb_large"] == pytest.approx(big / 8 * 0.1 / 1e9)  # row-wise, 10 % cached
     assert r["emb_gb_medium"] == pytest.approx(20_000 * 64 * 4 / 1e9)  # one whole table
@@ -200,8 +257,9 @@ def test_lossy_all_to_all_bytes() -> None:
 
 
 def test_features_do_not_depend_on_the_simulator() -> None:
-    code = ("import sys, cubic.proxy; "
-            "print(sorted(m for m in sys.modules if m.startswith('cubic.sim')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, cubic.proxy; "
+        "print(sorted(m for m in sys.modules if m.startswith('cubic.sim')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -133,8 +133,7 @@ def test_rank_objective_and_selection() -> None:
     mean, std = ranker.predict(X)
     assert np.all(np.isfinite(mean)) and np.all(std >= 0)
     assert ranker.calibration_[0] > 0
-    best, results = select_objective(X, y, feasible, groups, k=3, kind="llm",
-                                     n_estimators=30)
+    best, results = select_objective(X, y, feasible, groups, k=3, kind="llm", n_estimators=30)
     assert best in ("regression", "rank")
     assert set(results) == {"regression", "rank"}
     taus = {o: r["kendall_tau"] for o, r in results.items()}
@@ -154,8 +153,10 @@ def test_fit_and_predict_are_fast() -> None:
     model.predict(X[5000:])
     model.feasible(X[5000:])
     predict_s = time.perf_counter() - start
-    print(f"\nfit 5,000 rows ({int(feasible[:5000].sum())} feasible): {fit_s:.2f} s; "
-          f"predict + feasible on 10,000 rows: {predict_s:.3f} s")
+    print(
+        f"\nfit 5,000 rows ({int(feasible[:5000].sum())} feasible): {fit_s:.2f} s; "
+        f"predict + feasible on 10,000 rows: {predict_s:.3f} s"
+    )
     # Loose bounds: shared CI machines are slower and noisier than the targets.
     assert fit_s < 10.0
     assert predict_s < 1.0

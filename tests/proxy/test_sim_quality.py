@@ -22,10 +22,12 @@ def _cv(preset: str, n: int, seed: int = 0) -> dict:
 
 def _report(preset: str, n: int, r: dict) -> None:
     auc = r["feasibility_auc"]
-    print(f"\n{preset} {n} trials ({r['n_feasible']} feasible): cv Kendall tau "
-          f"{r['kendall_tau']:.3f} (pooled out-of-fold {r['pooled']['kendall_tau']:.3f}), "
-          f"spearman {r['spearman']:.3f}, top-10 recall {r['top10_recall']:.2f}, "
-          f"MAPE {r['mape']:.3f}, feasibility AUC {'n/a' if auc is None else f'{auc:.3f}'}")
+    print(
+        f"\n{preset} {n} trials ({r['n_feasible']} feasible): cv Kendall tau "
+        f"{r['kendall_tau']:.3f} (pooled out-of-fold {r['pooled']['kendall_tau']:.3f}), "
+        f"spearman {r['spearman']:.3f}, top-10 recall {r['top10_recall']:.2f}, "
+        f"MAPE {r['mape']:.3f}, feasibility AUC {'n/a' if auc is None else f'{auc:.3f}'}"
+    )
 
 
 @pytest.mark.parametrize("preset", ["llama3_70b", "dlrm_criteo_dcnv2"])
@@ -53,8 +55,10 @@ def test_ranks_usefully_after_64_trials(preset: str) -> None:
 
 def test_transfers_to_a_larger_cluster_of_another_gpu() -> None:
     """Trained on 8B/16 H100 and 70B/64 H100 studies, rank 70B on 128 H200s."""
-    train = [measured(workload("llama3_8b", num_gpus=16), 300, 1),
-             measured(workload("llama3_70b"), 300, 1)]
+    train = [
+        measured(workload("llama3_8b", num_gpus=16), 300, 1),
+        measured(workload("llama3_70b"), 300, 1),
+    ]
     X = np.vstack([t[1] for t in train])
     y = np.concatenate([t[2] for t in train])
     feasible = np.concatenate([t[3] for t in train])
@@ -63,9 +67,11 @@ def test_transfers_to_a_larger_cluster_of_another_gpu() -> None:
     _, Xt, yt, ft = measured(workload("llama3_70b", "h200", 128), 500, 2)
     mean, _ = model.predict(Xt)
     r = evaluate(yt, mean, ft, model.feasible(Xt))
-    print(f"\ntransfer to llama3_70b on 128 h200 ({r['n_feasible']} of 500 feasible): Kendall "
-          f"tau {r['kendall_tau']:.3f}, spearman {r['spearman']:.3f}, top-10 recall "
-          f"{r['top10_recall']:.2f}, MAPE {r['mape']:.3f}, feasibility AUC "
-          f"{r['feasibility_auc']:.3f}")
+    print(
+        f"\ntransfer to llama3_70b on 128 h200 ({r['n_feasible']} of 500 feasible): Kendall "
+        f"tau {r['kendall_tau']:.3f}, spearman {r['spearman']:.3f}, top-10 recall "
+        f"{r['top10_recall']:.2f}, MAPE {r['mape']:.3f}, feasibility AUC "
+        f"{r['feasibility_auc']:.3f}"
+    )
     assert r["kendall_tau"] >= 0.6
     assert r["feasibility_auc"] >= 0.9

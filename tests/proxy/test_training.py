@@ -60,10 +60,15 @@ def test_training_set_from_trials(store: Store) -> None:
 def test_trials_without_a_throughput_are_left_out(store: Store) -> None:
     sid = _study(store)
     cfg = {"tp": 8, "pp": 4}
-    store.add_finished_trials(sid, [(cfg, "complete", {"mfu": 0.4}),
-                                    (cfg, "complete", {"throughput": 0.0}),
-                                    (cfg, "pruned", None),
-                                    (cfg, "complete", {"throughput": 5e4})])
+    store.add_finished_trials(
+        sid,
+        [
+            (cfg, "complete", {"mfu": 0.4}),
+            (cfg, "complete", {"throughput": 0.0}),
+            (cfg, "pruned", None),
+            (cfg, "complete", {"throughput": 5e4}),
+        ],
+    )
     X, y, feasible, _ = training_set(store.list_trials(sid), {sid: workload("llama3_70b")})
     assert len(X) == 1 and y[0] == 5e4 and feasible[0]
 
@@ -106,16 +111,18 @@ def test_load_latest_ignores_missing_and_stale_models(store: Store) -> None:
     assert load_latest(store, "llm") is None
 
 
-def test_training_never_runs_the_simulator(store: Store, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
+def test_training_never_runs_the_simulator(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     sid = _study(store)
     _add(store, sid, 60, 2)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the proxy called the simulator")
 
-    for module, name in ((cubic.sim, "simulate"), (cubic.sim.llm, "simulate_llm"),
-                         (cubic.sim.dlrm, "simulate_dlrm")):
+    for module, name in (
+        (cubic.sim, "simulate"),
+        (cubic.sim.llm, "simulate_llm"),
+        (cubic.sim.dlrm, "simulate_dlrm"),
+    ):
         monkeypatch.setattr(module, name, refuse)
     version = Retrainer(store, every=8).maybe_retrain("llm")
     assert version is not None
@@ -146,8 +153,9 @@ def test_retrainer_runs_in_a_thread(store: Store) -> None:
     _add(store, sid, 30, 6)
     stop = threading.Event()
     retrainer = Retrainer(store, every=8, objective="regression")
-    thread = threading.Thread(target=retrainer.run, args=(stop,), kwargs={"interval_s": 0.05},
-                              daemon=True)
+    thread = threading.Thread(
+        target=retrainer.run, args=(stop,), kwargs={"interval_s": 0.05}, daemon=True
+    )
     thread.start()
     try:
         for _ in range(200):

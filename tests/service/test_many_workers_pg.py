@@ -15,7 +15,8 @@ from cubic.bench.service import bench_service
 PG = os.environ.get("CUBIC_TEST_DATABASE_URL")
 
 pytestmark = pytest.mark.skipif(
-    not PG, reason="CUBIC_TEST_DATABASE_URL not set: the PostgreSQL scale test is skipped")
+    not PG, reason="CUBIC_TEST_DATABASE_URL not set: the PostgreSQL scale test is skipped"
+)
 
 
 def test_64_workers_4_api_processes_500_trials() -> None:

@@ -31,8 +31,9 @@ RUNS = Path(cubic.__file__).parent / "data" / "published_runs.csv"
 
 
 def _wl(tables, gpus=8, gpu="a100_80gb", optimizer="rowwise_adagrad") -> Workload:
-    return Workload("t", DLRM("t", tuple(tables)), Cluster(gpu, gpus, 8),
-                    Training(optimizer=optimizer))
+    return Workload(
+        "t", DLRM("t", tuple(tables)), Cluster(gpu, gpus, 8), Training(optimizer=optimizer)
+    )
 
 
 def _thr(wl, configs):
@@ -65,13 +66,16 @@ def test_a2a_bytes_per_precision():
 def test_memory_per_sharding_type():
     big = EmbeddingTable("big", 8_000_000, 128)
     wl = _wl([big])
-    res = simulate_dlrm(wl, [
-        {"sharding_large": "table_wise"},
-        {"sharding_large": "row_wise"},
-        {"sharding_large": "column_wise"},
-        {"sharding_large": "table_wise", "placement_large": "cached", "cache_load_factor": 0.2},
-        {"sharding_large": "table_wise", "placement_large": "host"},
-    ])
+    res = simulate_dlrm(
+        wl,
+        [
+            {"sharding_large": "table_wise"},
+            {"sharding_large": "row_wise"},
+            {"sharding_large": "column_wise"},
+            {"sharding_large": "table_wise", "placement_large": "cached", "cache_load_factor": 0.2},
+            {"sharding_large": "table_wise", "placement_large": "host"},
+        ],
+    )
     shards, cache = res.memory["embedding_shards"], res.memory["embedding_cache"]
     row = 128 * 4 + 4  # fp32 weights + one row-wise Adagrad value
     assert shards[0] == pytest.approx(8e6 * row)  # whole table on one rank
@@ -164,8 +168,9 @@ def test_low_precision_a2a_faster_only_when_exposed():
     assert thr[2] > thr[1] > thr[0] and thr[3] > thr[0]
     # one GPU: nothing to exchange, so precision changes nothing
     one = replace(DCN, cluster=Cluster("a100_80gb", 1, 8))
-    res = simulate_dlrm(one, [{"a2a_precision": p, "sharding_large": "table_wise"}
-                              for p in ("fp32", "fp8")])
+    res = simulate_dlrm(
+        one, [{"a2a_precision": p, "sharding_large": "table_wise"} for p in ("fp32", "fp8")]
+    )
     assert res.step_time[0] == res.step_time[1]
 
 
@@ -187,8 +192,9 @@ def test_sharding_is_not_monotone():
 
 
 def test_cache_load_factor_is_not_monotone():
-    thr = _thr(DCN, [{"placement_large": "cached", "cache_load_factor": x}
-                     for x in (0.05, 0.2, 0.4)])
+    thr = _thr(
+        DCN, [{"placement_large": "cached", "cache_load_factor": x} for x in (0.05, 0.2, 0.4)]
+    )
     assert thr[0] < thr[1] < thr[2]
     one = next(r for r in _torchrec_rows() if r["num_gpus"] == "1")
     wl, cfg = row_case(one)
@@ -212,8 +218,9 @@ def test_placement_and_pipeline():
 def test_fp8_helps_only_large_gemms_and_costs_accuracy():
     wl = replace(DCN, cluster=Cluster("h100_sxm", 8, 8))
     for site, large_helps in (("fp8_interaction", True), ("fp8_bottom_mlp", False)):
-        res = simulate_dlrm(wl, [{"batch_per_gpu": b, site: f}
-                                 for b in (512, 16384) for f in (False, True)])
+        res = simulate_dlrm(
+            wl, [{"batch_per_gpu": b, site: f} for b in (512, 16384) for f in (False, True)]
+        )
         dense = res.breakdown["dense_compute"]
         assert dense[1] > dense[0]  # small batch: the casts cost more than they save
         assert (dense[3] < dense[2]) == large_helps
@@ -233,17 +240,20 @@ def test_error_score_by_a2a_precision():
 
 
 def test_invalid_configs_have_reasons():
-    res = simulate_dlrm(DCN, [
-        {"sharding_large": "data_parallel"},
-        {"sharding_medium": "diagonal"},
-        {"placement_large": "ssd"},
-        {"a2a_precision": "int4"},
-        {"a2a_precision": "lossy", "lossy_error_bound": 0.0},
-        {"placement_large": "cached", "cache_load_factor": 0.0},
-        {"batch_per_gpu": 0},
-        # inactive knobs at their search-space placeholders are fine
-        {"a2a_precision": "fp32", "lossy_error_bound": 0.0, "cache_load_factor": 1.0},
-    ])
+    res = simulate_dlrm(
+        DCN,
+        [
+            {"sharding_large": "data_parallel"},
+            {"sharding_medium": "diagonal"},
+            {"placement_large": "ssd"},
+            {"a2a_precision": "int4"},
+            {"a2a_precision": "lossy", "lossy_error_bound": 0.0},
+            {"placement_large": "cached", "cache_load_factor": 0.0},
+            {"batch_per_gpu": 0},
+            # inactive knobs at their search-space placeholders are fine
+            {"a2a_precision": "fp32", "lossy_error_bound": 0.0, "cache_load_factor": 1.0},
+        ],
+    )
     assert not res.valid[:7].any() and all(res.reason[:7])
     assert "data_parallel" in res.reason[0]
     assert res.feasible[7] and res.reason[7] == ""
@@ -252,8 +262,16 @@ def test_invalid_configs_have_reasons():
 
 def test_host_memory_bound():
     tiny_host = replace(H100_64, cluster=Cluster("h100_sxm", 8, 8))
-    wl = replace(tiny_host, model=replace(DCN.model, tables=tuple(
-        replace(t, rows=t.rows * 100) if t.rows >= 1_000_000 else t for t in DCN.model.tables)))
+    wl = replace(
+        tiny_host,
+        model=replace(
+            DCN.model,
+            tables=tuple(
+                replace(t, rows=t.rows * 100) if t.rows >= 1_000_000 else t
+                for t in DCN.model.tables
+            ),
+        ),
+    )
     res = simulate_dlrm(wl, [{"placement_large": "host"}])
     assert not res.fits[0] and "host memory" in res.reason[0]
 
@@ -262,17 +280,20 @@ def test_batch_equals_one_at_a_time():
     rng = np.random.default_rng(1)
     wl = replace(DCN, cluster=Cluster("a100_40gb", 16, 8))
     pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
-    cfgs = [{
-        "sharding_large": pick(dlrm.SHARDINGS[:4]),
-        "sharding_medium": pick(dlrm.SHARDINGS),
-        "sharding_small": pick(dlrm.SHARDINGS),
-        "placement_large": pick(dlrm.PLACEMENTS),
-        "cache_load_factor": pick([0.05, 0.2, 0.4]),
-        "a2a_precision": pick(["fp32", "bf16", "fp8", "lossy"]),
-        "lossy_error_bound": pick([1e-3, 5e-2]),
-        "batch_per_gpu": pick([512, 4096, 65536, 262144]),
-        "pipeline_sparse": pick([False, True]),
-    } for _ in range(60)]
+    cfgs = [
+        {
+            "sharding_large": pick(dlrm.SHARDINGS[:4]),
+            "sharding_medium": pick(dlrm.SHARDINGS),
+            "sharding_small": pick(dlrm.SHARDINGS),
+            "placement_large": pick(dlrm.PLACEMENTS),
+            "cache_load_factor": pick([0.05, 0.2, 0.4]),
+            "a2a_precision": pick(["fp32", "bf16", "fp8", "lossy"]),
+            "lossy_error_bound": pick([1e-3, 5e-2]),
+            "batch_per_gpu": pick([512, 4096, 65536, 262144]),
+            "pipeline_sparse": pick([False, True]),
+        }
+        for _ in range(60)
+    ]
     batch = simulate_dlrm(wl, cfgs)
     soa = simulate_dlrm(wl, {k: [c[k] for c in cfgs] for k in cfgs[0]})
     for i, c in enumerate(cfgs):

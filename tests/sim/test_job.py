@@ -10,8 +10,14 @@ from cubic.sim.job import NoiseModel, run_job
 from cubic.workload import PRESETS
 
 WL = PRESETS["llama3_8b"]
-CFG = {"tp": 2, "pp": 1, "micro_batch": 1, "recompute": "selective", "zero_stage": 1,
-       "sequence_parallel": True}
+CFG = {
+    "tp": 2,
+    "pp": 1,
+    "micro_batch": 1,
+    "recompute": "selective",
+    "zero_stage": 1,
+    "sequence_parallel": True,
+}
 
 
 def test_noise_off_reports_the_model_exactly() -> None:
@@ -27,8 +33,9 @@ def test_seeded_noise_is_reproducible_and_a_few_percent() -> None:
     a = run_job(WL, CFG, noise=noise, seed=7).metrics["tokens_per_s"]
     assert run_job(WL, CFG, noise=noise, seed=7).metrics["tokens_per_s"] == a
     exact = simulate(WL, [CFG]).row(0)["throughput"]
-    vals = np.array([run_job(WL, CFG, noise=noise, seed=s).metrics["tokens_per_s"]
-                     for s in range(200)])
+    vals = np.array(
+        [run_job(WL, CFG, noise=noise, seed=s).metrics["tokens_per_s"] for s in range(200)]
+    )
     spread = vals.std() / vals.mean()
     assert 0.002 < spread < 0.03
     # Warm-up steps are slow, but excluded from the measured throughput.

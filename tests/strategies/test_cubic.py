@@ -19,24 +19,42 @@ BENCH = Path(__file__).resolve().parents[2] / "search_spaces" / "bench"
 
 def _study(name: str, strategy: str = "cubic") -> ResolvedStudy:
     spec, base = load_spec(BENCH / f"{name}.study.yaml")
-    spec = spec.model_copy(update={"strategy": spec.strategy.model_copy(
-        update={"name": strategy, "seed": 0})})
+    spec = spec.model_copy(
+        update={"strategy": spec.strategy.model_copy(update={"name": strategy, "seed": 0})}
+    )
     return spec.resolve(base)
 
 
-def _run(study: ResolvedStudy, strategy: CubicStrategy, n_trials: int,
-         batch: int = 8) -> list[Trial]:
+def _run(
+    study: ResolvedStudy, strategy: CubicStrategy, n_trials: int, batch: int = 8
+) -> list[Trial]:
     history: list[Trial] = []
     now = datetime.now(UTC)
     while len(history) < n_trials:
         for p in strategy.suggest(history, batch):
             out = run_job(study.workload, p.params, noise=NoiseModel.off())
-            history.append(Trial(
-                id=len(history) + 1, study_id=1, number=len(history), params=p.params,
-                state=TrialState(out.state), source="strategy", metrics=out.metrics or None,
-                predicted=p.predicted, worker_id="w", lease_token=None, lease_deadline=None,
-                attempt=1, retry_of=None, error=out.error, log_tail=None, created_at=now,
-                started_at=now, finished_at=now))
+            history.append(
+                Trial(
+                    id=len(history) + 1,
+                    study_id=1,
+                    number=len(history),
+                    params=p.params,
+                    state=TrialState(out.state),
+                    source="strategy",
+                    metrics=out.metrics or None,
+                    predicted=p.predicted,
+                    worker_id="w",
+                    lease_token=None,
+                    lease_deadline=None,
+                    attempt=1,
+                    retry_of=None,
+                    error=out.error,
+                    log_tail=None,
+                    created_at=now,
+                    started_at=now,
+                    finished_at=now,
+                )
+            )
     return history
 
 
@@ -51,8 +69,7 @@ def test_warm_up_then_model_guided_without_repeats() -> None:
     assert all(not study.space.validate(t.params, study.context) for t in history)
     # Proposals carry what the proxy predicted, to compare with what was measured.
     model = [t for t in history[8:] if t.state == TrialState.COMPLETE]
-    assert all(t.predicted["value"] > 0 and 0 <= t.predicted["p_feasible"] <= 1
-               for t in model)
+    assert all(t.predicted["value"] > 0 and 0 <= t.predicted["p_feasible"] <= 1 for t in model)
     pred = np.array([t.predicted["value"] for t in model])
     meas = np.array([t.metrics["samples_per_s"] for t in model])
     assert np.median(np.abs(pred / meas - 1)) < 0.5
@@ -85,11 +102,31 @@ def test_prior_from_other_studies_skips_the_warm_up() -> None:
     prior = []
     for i, cfg in enumerate(other.space.sample(rng, 64, other.context)):
         out = run_job(other.workload, cfg, noise=NoiseModel.off())
-        prior.append((other.workload, Trial(
-            id=1000 + i, study_id=2, number=i, params=cfg, state=TrialState(out.state),
-            source="strategy", metrics=out.metrics or None, predicted=None, worker_id="w",
-            lease_token=None, lease_deadline=None, attempt=1, retry_of=None, error=None,
-            log_tail=None, created_at=now, started_at=now, finished_at=now)))
+        prior.append(
+            (
+                other.workload,
+                Trial(
+                    id=1000 + i,
+                    study_id=2,
+                    number=i,
+                    params=cfg,
+                    state=TrialState(out.state),
+                    source="strategy",
+                    metrics=out.metrics or None,
+                    predicted=None,
+                    worker_id="w",
+                    lease_token=None,
+                    lease_deadline=None,
+                    attempt=1,
+                    retry_of=None,
+                    error=None,
+                    log_tail=None,
+                    created_at=now,
+                    started_at=now,
+                    finished_at=now,
+                ),
+            )
+        )
     # A DLRM trial in the prior is ignored: one proxy per workload kind.
     dlrm = _study("dlrm_dot_a100x8")
     prior.append((dlrm.workload, prior[0][1]))
@@ -102,9 +139,11 @@ def test_prior_from_other_studies_skips_the_warm_up() -> None:
 @pytest.mark.parametrize("name", ["llama3_8b_h100x16", "dlrm_dot_a100x8"])
 def test_beats_random_search_on_a_small_budget(name: str) -> None:
     study = _study(name)
-    cubic = max(t.metrics.get("throughput", 0) for t in _run(study, make_strategy(study), 24)
-                if t.metrics)
+    cubic = max(
+        t.metrics.get("throughput", 0) for t in _run(study, make_strategy(study), 24) if t.metrics
+    )
     rand = _study(name, "random")
-    random = max(t.metrics.get("throughput", 0)
-                 for t in _run(rand, make_strategy(rand), 24) if t.metrics)
+    random = max(
+        t.metrics.get("throughput", 0) for t in _run(rand, make_strategy(rand), 24) if t.metrics
+    )
     assert cubic >= random

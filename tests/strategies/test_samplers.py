@@ -16,10 +16,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _trial(i: int, params: dict, state: TrialState, metrics: dict | None) -> Trial:
     now = datetime.now(UTC)
-    return Trial(id=i, study_id=1, number=i, params=params, state=state, source="strategy",
-                 metrics=metrics, predicted=None, worker_id="w", lease_token=None,
-                 lease_deadline=None, attempt=1, retry_of=None, error=None, log_tail=None,
-                 created_at=now, started_at=now, finished_at=now)
+    return Trial(
+        id=i,
+        study_id=1,
+        number=i,
+        params=params,
+        state=state,
+        source="strategy",
+        metrics=metrics,
+        predicted=None,
+        worker_id="w",
+        lease_token=None,
+        lease_deadline=None,
+        attempt=1,
+        retry_of=None,
+        error=None,
+        log_tail=None,
+        created_at=now,
+        started_at=now,
+        finished_at=now,
+    )
 
 
 def test_inactive_conditional_knobs_do_not_hide_trials_from_the_sampler() -> None:
@@ -30,7 +46,9 @@ def test_inactive_conditional_knobs_do_not_hide_trials_from_the_sampler() -> Non
     # Most configs leave cache_load_factor/lossy_error_bound inactive at a default that is
     # not one of their choices; every one of them must still reach the sampler.
     assert any(c["cache_load_factor"] == 1.0 for c in configs)
-    history = [_trial(i, c, TrialState.COMPLETE, {"samples_per_s": 1000.0 + i})
-               for i, c in enumerate(configs)]
+    history = [
+        _trial(i, c, TrialState.COMPLETE, {"samples_per_s": 1000.0 + i})
+        for i, c in enumerate(configs)
+    ]
     frozen = strategy._frozen(history, resolved.space.optuna_distributions())
     assert len(frozen) == len(history)
