@@ -55,6 +55,7 @@ class Strategy(ABC):
         self.seed = seed
         self.options = options
         self.context = study.context
+        self._grids = self._make_grids()
 
     @abstractmethod
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -86,36 +87,46 @@ class Strategy(ABC):
                         break
         return proposals
 
-    def _position(self, cfg: dict[str, Any]) -> np.ndarray:
-        """A config as a point in [0, 1]^d: each knob's rank in its ordered domain."""
-        out = []
+    # positions in knob-rank space ---------------------------------------------------------
+    def _make_grids(self) -> list[tuple[str, Any]]:
+        grids = []
         for p in self.study.space.parameters:
-            v = cfg.get(p.name)
             if p.is_finite:
-                grid = p.to_python(p.grid())
-                out.append(grid.index(v) / max(1, len(grid) - 1) if v in grid else 0.5)
+                grids.append((p.name, p.to_python(p.grid())))
             else:
-                lo, hi = float(p.low), float(p.high)
-                out.append((float(v) - lo) / (hi - lo) if hi > lo else 0.5)
-        return np.asarray(out)
+                grids.append((p.name, (float(p.low), float(p.high))))
+        return grids
+
+    def positions(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Configs (struct of arrays) as points in [0, 1]^d: each knob's rank in its domain."""
+        cols = []
+        for name, grid in self._grids:
+            col = np.asarray(arrays[name])
+            if isinstance(grid, list):
+                index = {v: i for i, v in enumerate(grid)}
+                pos = np.array(
+                    [index.get(v, (len(grid) - 1) / 2) for v in col.tolist()], dtype=float
+                )
+                cols.append(pos / max(1, len(grid) - 1))
+            else:
+                lo, hi = grid
+                cols.append((col.astype(float) - lo) / (hi - lo) if hi > lo else np.zeros(len(col)))
+        return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
 
     def _near_infeasible(self, history: Sequence[Trial]) -> Any:
         """A test: is a config's nearest finished neighbour infeasible? (1-NN on knob ranks).
 
         Random top-ups use it to skip regions already known to run out of memory.
         """
-        done = [
-            (self._position(t.params), t.state == TrialState.INFEASIBLE)
-            for t in history
-            if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)
-        ]
-        if not done or not any(bad for _, bad in done):
+        done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        bad = np.asarray([t.state == TrialState.INFEASIBLE for t in done])
+        if not bad.any():
             return lambda cfg: False
-        pts = np.stack([p for p, _ in done])
-        bad = np.asarray([b for _, b in done])
+        space = self.study.space
+        pts = self.positions(space.to_arrays([t.params for t in done]))
 
         def test(cfg: dict[str, Any]) -> bool:
-            d = np.abs(pts - self._position(cfg)).sum(axis=1)
+            d = np.abs(pts - self.positions(space.to_arrays([cfg]))).sum(axis=1)
             return bool(bad[int(np.argmin(d))])
 
         return test

@@ -82,7 +82,6 @@ class CubicStrategy(Strategy):
         self.refit_every = refit_every
         self.min_feasible = min_feasible
         self.warmup_pool = warmup_pool
-        self._grids = self._make_grids()
         self._model: tuple[int, ProxyModel] | None = None
         self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray] | None = (
             None
@@ -92,32 +91,6 @@ class CubicStrategy(Strategy):
         """Finished trials of other studies; only those of this workload kind are kept."""
         kind = self.study.workload.kind
         self.prior = [(wl, t) for wl, t in prior if wl.kind == kind]
-
-    # positions in knob-rank space ---------------------------------------------------------
-    def _make_grids(self) -> list[tuple[str, Any]]:
-        grids = []
-        for p in self.study.space.parameters:
-            if p.is_finite:
-                grids.append((p.name, p.to_python(p.grid())))
-            else:
-                grids.append((p.name, (float(p.low), float(p.high))))
-        return grids
-
-    def positions(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        """Configs (struct of arrays) as points in [0, 1]^d: each knob's rank in its domain."""
-        cols = []
-        for name, grid in self._grids:
-            col = np.asarray(arrays[name])
-            if isinstance(grid, list):
-                index = {v: i for i, v in enumerate(grid)}
-                pos = np.array(
-                    [index.get(v, (len(grid) - 1) / 2) for v in col.tolist()], dtype=float
-                )
-                cols.append(pos / max(1, len(grid) - 1))
-            else:
-                lo, hi = grid
-                cols.append((col.astype(float) - lo) / (hi - lo) if hi > lo else np.zeros(len(col)))
-        return np.stack(cols, axis=1) if cols else np.zeros((0, 0))
 
     def _fits_estimate(self, X: np.ndarray) -> np.ndarray:
         """Whether the back-of-envelope memory estimate (a proxy feature: weights, gradients,
