@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
     arrays = study.space.sample_arrays(rng, n, study.context)
     configs = study.space.from_arrays(arrays)
     res = simulate(study.workload, arrays)
-    now = datetime.now(UTC)
     metric = study.spec.objectives[0].metric
     out = []
     for i, cfg in enumerate(configs):
@@ -50,25 +48,8 @@ def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
             else None
         )
         out.append(
-            Trial(
-                id=i + 1,
-                study_id=1,
-                number=i,
-                params=cfg,
-                state=TrialState.COMPLETE if ok else TrialState.INFEASIBLE,
-                source="strategy",
-                metrics=metrics,
-                predicted=None,
-                worker_id="bench",
-                lease_token=None,
-                lease_deadline=None,
-                attempt=1,
-                retry_of=None,
-                error=None,
-                log_tail=None,
-                created_at=now,
-                started_at=now,
-                finished_at=now,
+            Trial.detached(
+                i + 1, cfg, TrialState.COMPLETE if ok else TrialState.INFEASIBLE, metrics
             )
         )
     return out

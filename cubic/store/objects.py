@@ -8,7 +8,7 @@ changes nothing in the database and nothing in any other snapshot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -95,6 +95,45 @@ class Trial:
     def is_finished(self) -> bool:
         """Whether the trial is in a terminal state."""
         return self.state.is_finished
+
+    @classmethod
+    def detached(
+        cls,
+        id: int,
+        params: dict[str, Any],
+        state: TrialState | str,
+        metrics: dict[str, Any] | None = None,
+        *,
+        study_id: int = 1,
+        predicted: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> Trial:
+        """A trial that never went through a store (number ``id - 1``, attempt 1).
+
+        Benchmarks that replay the search loop in memory, and tests of strategies, build
+        their history with it; a strategy cannot tell it from a stored trial.
+        """
+        now = datetime.now(UTC)
+        return cls(
+            id=id,
+            study_id=study_id,
+            number=id - 1,
+            params=params,
+            state=TrialState(state),
+            source="strategy",
+            metrics=metrics,
+            predicted=predicted,
+            worker_id=None,
+            lease_token=None,
+            lease_deadline=None,
+            attempt=1,
+            retry_of=None,
+            error=error,
+            log_tail=None,
+            created_at=now,
+            started_at=now,
+            finished_at=now,
+        )
 
 
 @dataclass(frozen=True, slots=True)

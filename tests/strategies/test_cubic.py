@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -29,30 +28,17 @@ def _run(
     study: ResolvedStudy, strategy: CubicStrategy, n_trials: int, batch: int = 8
 ) -> list[Trial]:
     history: list[Trial] = []
-    now = datetime.now(UTC)
     while len(history) < n_trials:
         for p in strategy.suggest(history, batch):
             out = run_job(study.workload, p.params, noise=NoiseModel.off())
             history.append(
-                Trial(
-                    id=len(history) + 1,
-                    study_id=1,
-                    number=len(history),
-                    params=p.params,
-                    state=TrialState(out.state),
-                    source="strategy",
-                    metrics=out.metrics or None,
+                Trial.detached(
+                    len(history) + 1,
+                    p.params,
+                    TrialState(out.state),
+                    out.metrics or None,
                     predicted=p.predicted,
-                    worker_id="w",
-                    lease_token=None,
-                    lease_deadline=None,
-                    attempt=1,
-                    retry_of=None,
                     error=out.error,
-                    log_tail=None,
-                    created_at=now,
-                    started_at=now,
-                    finished_at=now,
                 )
             )
     return history
@@ -98,32 +84,14 @@ def test_prior_from_other_studies_skips_the_warm_up() -> None:
     target = _study("llama3_70b_h100x64")
     other = _study("llama3_8b_h100x16")
     rng = np.random.default_rng(1)
-    now = datetime.now(UTC)
     prior = []
     for i, cfg in enumerate(other.space.sample(rng, 64, other.context)):
         out = run_job(other.workload, cfg, noise=NoiseModel.off())
         prior.append(
             (
                 other.workload,
-                Trial(
-                    id=1000 + i,
-                    study_id=2,
-                    number=i,
-                    params=cfg,
-                    state=TrialState(out.state),
-                    source="strategy",
-                    metrics=out.metrics or None,
-                    predicted=None,
-                    worker_id="w",
-                    lease_token=None,
-                    lease_deadline=None,
-                    attempt=1,
-                    retry_of=None,
-                    error=None,
-                    log_tail=None,
-                    created_at=now,
-                    started_at=now,
-                    finished_at=now,
+                Trial.detached(
+                    1000 + i, cfg, TrialState(out.state), out.metrics or None, study_id=2
                 ),
             )
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -15,27 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trial(i: int, params: dict, state: TrialState, metrics: dict | None) -> Trial:
-    now = datetime.now(UTC)
-    return Trial(
-        id=i,
-        study_id=1,
-        number=i,
-        params=params,
-        state=state,
-        source="strategy",
-        metrics=metrics,
-        predicted=None,
-        worker_id="w",
-        lease_token=None,
-        lease_deadline=None,
-        attempt=1,
-        retry_of=None,
-        error=None,
-        log_tail=None,
-        created_at=now,
-        started_at=now,
-        finished_at=now,
-    )
+    return Trial.detached(i + 1, params, state, metrics)
 
 
 def test_inactive_conditional_knobs_do_not_hide_trials_from_the_sampler() -> None:
