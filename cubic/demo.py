@@ -9,24 +9,25 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cubic.bench.service import free_port
 from cubic.client import CubicClient
 from cubic.errors import CubicError
 from cubic.progress import watch_study
 from cubic.sim.job import run_job
 from cubic.store import Store
 from cubic.store.schema import upgrade
-from cubic.study import load_spec
+from cubic.study import StudySpec, load_spec
 from cubic.tuner import Tuner
 
 DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "search_spaces" / "llama3_70b.study.yaml"
@@ -64,11 +65,7 @@ def run_demo(
     console: Console | None = None,
 ) -> int:
     console = console or Console()
-    spec, base = load_spec(study_file or DEFAULT_STUDY)
-    updates = {"strategy": spec.strategy.model_copy(update={"seed": seed})}
-    if trials is not None:
-        updates["budget"] = spec.budget.model_copy(update={"max_trials": trials})
-    spec = spec.model_copy(update=updates)
+    spec, base = demo_spec(study_file, trials, seed)
     tmp = None
     if db is None:
         tmp = tempfile.mkdtemp(prefix="cubic-demo-")
@@ -143,10 +140,13 @@ def run_demo(
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def demo_spec(study_file: Path | None, trials: int | None, seed: int) -> tuple[StudySpec, Path]:
+    """The demo's study file with the seed (and, if given, the trial budget) overridden."""
+    spec, base = load_spec(study_file or DEFAULT_STUDY)
+    updates: dict[str, Any] = {"strategy": spec.strategy.model_copy(update={"seed": seed})}
+    if trials is not None:
+        updates["budget"] = spec.budget.model_copy(update={"max_trials": trials})
+    return spec.model_copy(update=updates), base
 
 
 def _wait_ready(client: CubicClient, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -174,15 +174,12 @@ def run_service_demo(
 ) -> int:
     """The whole system on one machine: the API on SQLite, simulated workers, a study."""
     console = console or Console()
-    spec, base = load_spec(study_file or DEFAULT_STUDY)
-    updates: dict = {"strategy": spec.strategy.model_copy(update={"seed": seed})}
-    if trials is not None:
-        updates["budget"] = spec.budget.model_copy(update={"max_trials": trials})
-    resolved = spec.model_copy(update=updates).resolve(base)
+    spec, base = demo_spec(study_file, trials, seed)
+    resolved = spec.resolve(base)
     if db is None:
         db = f"sqlite:///{tempfile.mkdtemp(prefix='cubic-demo-')}/cubic.db"
     upgrade(db)
-    port = port or _free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     cli = [sys.executable, "-m", "cubic.cli"]
     env = {**os.environ, "CUBIC_DATABASE_URL": db, "CUBIC_URL": url}

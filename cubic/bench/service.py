@@ -27,7 +27,8 @@ import numpy as np
 SPACE = "llm_pretrain.yaml"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -45,7 +46,7 @@ def api_server(db_url: str, api_workers: int) -> Iterator[str]:
     """``uvicorn --workers N`` serving cubic on ``db_url``; yields its base URL."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "CUBIC_DATABASE_URL": db_url, "CUBIC_REAP_INTERVAL_S": "2"}
     proc = subprocess.Popen(
         [
