@@ -126,6 +126,19 @@ _BUILTIN: dict[str, GPU] = {
             price_per_hour=5.5,
             source="NVIDIA DGX B200 datasheet (NVLink5 1.8 TB/s, 8x 400 Gb/s)",
         ),
+        GPU(
+            "cpu",
+            {"fp32": 1.0, "bf16": 1.0},
+            hbm_gb=8,
+            hbm_gbs=20,
+            nvlink_gbs=10,
+            nic_gbs=1.25,
+            pcie_gbs=10,
+            gpus_per_node=2,
+            host_mem_gb_per_node=16,
+            price_per_hour=0.1,
+            source="a CPU host running ranks with gloo (examples and tests); nominal, not measured",
+        ),
     )
 }
 

@@ -60,6 +60,34 @@ class StrategySpec(_Spec):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class JobSpec(_Spec):
+    """How a real runner starts a trial's job; see the job contract in the README.
+
+    ``command`` is a Jinja2 template rendered per trial with every knob by name, ``flags``
+    (the knobs as ``--name value`` command-line flags), ``params``, ``trial``, ``config_path``
+    and ``metrics_path``; ``env`` values are rendered the same way.
+    """
+
+    command: str = Field(..., min_length=1, description="shell command template")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    workdir: str | None = Field(None, description="working directory of the job")
+    warmup_steps: int = Field(
+        0, ge=0, description="steps a job leaves out of its throughput (CUBIC_WARMUP_STEPS)"
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict,
+        description="scheduler hints (nodes, gpus_per_node, cpus_per_task, memory_gb, ...)",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        from cubic.runners.contract import check_template
+
+        check_template(v)
+        return v
+
+
 class StudySpec(_Spec):
     """A search job. ``workload`` and ``space`` are a name/path or inline mappings."""
 
@@ -74,6 +102,7 @@ class StudySpec(_Spec):
     trial_timeout_s: float = Field(3600.0, gt=0)
     max_retries: int = Field(2, ge=0, le=100)
     baseline: dict[str, Any] | None = None
+    job: JobSpec | None = Field(None, description="the real job; the simulated runner needs none")
 
     @model_validator(mode="before")
     @classmethod

@@ -69,6 +69,8 @@ class Worker:
         self._active: dict[int, _Active] = {}
         self._lock = threading.Lock()
         self.reported = 0
+        self._job_spec: dict[str, Any] = {}
+        self._objectives: tuple[str, ...] = ()
 
     def stop(self) -> None:
         """Ask the loop to wind down (what SIGTERM does)."""
@@ -95,7 +97,10 @@ class Worker:
     def _run(self, max_trials: int | None) -> int:
         study = self.client.get_study(self.study_id)
         spec = study["spec"]
+        self.runner.check(spec)
         workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))
+        self._job_spec = spec.get("job") or {}
+        self._objectives = tuple(o["metric"] for o in spec.get("objectives", []))
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="cubic-heartbeat")
         beat.start()
         try:
@@ -137,9 +142,17 @@ class Worker:
                 params=t["params"],
                 workload=workload,
                 timeout_s=timeout,
+                job=self._job_spec,
+                objectives=self._objectives,
             )
+            try:
+                handle = self.runner.submit(job)
+            except Exception as exc:  # the scheduler refused it: retried like a failed job
+                log.warning("trial %s: submit failed: %s", t["id"], exc)
+                self._report(t, Outcome("failed", error=f"submit failed: {exc}"[:4000]))
+                continue
             with self._lock:
-                self._active[t["id"]] = _Active(t, self.runner.submit(job))
+                self._active[t["id"]] = _Active(t, handle)
             new += 1
         return new
 

@@ -27,12 +27,29 @@ class TrialJob:
     params: dict[str, Any]
     workload: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 3600.0
+    job: dict[str, Any] = field(default_factory=dict)  # the study's ``job`` section
+    objectives: tuple[str, ...] = ()
 
 
 class Runner(ABC):
     """Starts, watches and stops jobs. One instance serves one worker."""
 
     name: ClassVar[str]
+    needs_command: ClassVar[bool] = True  # runs the study's ``job.command``
+
+    def check(self, spec: dict[str, Any]) -> None:
+        """Refuse a study this runner cannot run, before any trial is leased."""
+        if self.needs_command and not (spec.get("job") or {}).get("command"):
+            from cubic.errors import InvalidInput
+
+            raise InvalidInput(
+                f"study '{spec.get('name')}' has no job.command; the '{self.name}' runner runs "
+                "the study's job (see the job contract in the README)",
+                field="job.command",
+            )
+
+    def close(self) -> None:
+        """Release what the runner holds (connections, temporary files)."""
 
     @abstractmethod
     def submit(self, job: TrialJob) -> Any:

@@ -19,6 +19,7 @@ from cubic.workload import Workload
 
 class SimulatedRunner(Runner):
     name = "simulated"
+    needs_command = False
 
     def __init__(
         self,
