@@ -48,7 +48,7 @@ class Runner(ABC):
                 field="job.command",
             )
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most runners hold nothing
         """Release what the runner holds (connections, temporary files)."""
 
     @abstractmethod

@@ -8,6 +8,7 @@ to ``config.json`` and ``metrics.json`` in a folder per trial attempt under ``ro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,10 +83,8 @@ class LocalRunner(Runner):
         return LocalHandle(job, prepared, proc, log, time.monotonic() + job.timeout_s)
 
     def _signal(self, h: LocalHandle, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(h.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def poll(self, handle: LocalHandle) -> Outcome | None:
         h = handle
