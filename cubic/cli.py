@@ -404,11 +404,36 @@ def status(
     console.print(f"study {study_id}: {study['state']}, trials {study['progress']['counts']}")
 
 
+def _runner_options(config: Path | None, options: list[str]) -> dict[str, Any]:
+    """A runner's keyword options: the YAML file first, then each ``key=value`` (YAML value)."""
+    import yaml
+
+    opts = _load_yaml(config, "runner config") if config is not None else {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CubicError(f"--runner-option: expected key=value, got {item!r}")
+        try:
+            opts[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise CubicError(f"--runner-option {key}: not a YAML value: {exc}") from exc
+    return opts
+
+
 @app.command("worker")
 def worker(
     study: Annotated[int, typer.Option(help="study id")],
     url: UrlOpt = None,
-    runner: Annotated[str, typer.Option(help="where trials run")] = "simulated",
+    runner: Annotated[
+        str, typer.Option(help="where trials run: simulated, local, slurm, ray, kubernetes")
+    ] = "simulated",
+    runner_config: Annotated[
+        Path | None, typer.Option(help="YAML mapping of the runner's options")
+    ] = None,
+    runner_option: Annotated[
+        list[str] | None,
+        typer.Option("--runner-option", "-o", help="one runner option, key=value (repeatable)"),
+    ] = None,
     parallel: Annotated[int, typer.Option(min=1, help="trials in flight")] = 1,
     worker_id: Annotated[str | None, typer.Option(help="stable id (default host-pid)")] = None,
     lease_seconds: Annotated[float, typer.Option(min=1)] = 300.0,
@@ -426,16 +451,21 @@ def worker(
     opts: dict[str, Any] = {}
     if runner == "simulated":
         opts = {"seed": seed, "time_scale": time_scale, "max_workers": parallel}
-    with CubicClient(url) as client:
-        w = Worker(
-            client,
-            study,
-            make_runner(runner, **opts),
-            worker_id=worker_id,
-            parallel=parallel,
-            lease_seconds=lease_seconds,
-        )
-        n = w.run(max_trials=max_trials)
+    opts.update(_runner_options(runner_config, runner_option or []))
+    job_runner = make_runner(runner, **opts)
+    try:
+        with CubicClient(url) as client:
+            w = Worker(
+                client,
+                study,
+                job_runner,
+                worker_id=worker_id,
+                parallel=parallel,
+                lease_seconds=lease_seconds,
+            )
+            n = w.run(max_trials=max_trials)
+    finally:
+        job_runner.close()
     console.print(f"worker {w.worker_id}: reported {n} trials")
 
 

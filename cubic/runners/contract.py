@@ -245,7 +245,7 @@ def classify(
     if cancelled:
         return Outcome("failed", error="cancelled", log_tail=log_tail)
     if timed_out:
-        limit = f" after {timeout_s:.0f} s" if timeout_s is not None else ""
+        limit = f" after {timeout_s:g} s" if timeout_s is not None else ""
         return Outcome("failed", error=f"timeout{limit}", log_tail=log_tail)
     if lost:
         return Outcome("failed", error=lost, log_tail=log_tail)
