@@ -92,7 +92,7 @@ def test_remote_jobs_see_paths_on_their_node(tmp_path: Path) -> None:
 
 
 def test_an_unknown_template_name_is_an_error_naming_the_field(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match="job.command.*nproc_per_node") as exc:
+    with pytest.raises(InvalidInput, match=r"job\.command.*nproc_per_node") as exc:
         prepare(trial_job("torchrun --nproc {{ nproc_per_node }}"), tmp_path)
     assert exc.value.field == "job.command"
 
@@ -104,7 +104,7 @@ def test_a_study_without_a_command_cannot_run_on_a_real_runner(tmp_path: Path) -
 
 
 def test_a_broken_template_is_refused_when_the_study_is_parsed() -> None:
-    with pytest.raises(InvalidInput, match="job.command") as exc:
+    with pytest.raises(InvalidInput, match=r"job\.command") as exc:
         parse_spec({"name": "x", "workload": "w", "space": "s", "job": {"command": "a {{ b"}})
     assert exc.value.field == "job.command"
 
