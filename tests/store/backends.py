@@ -19,6 +19,7 @@ import pytest
 
 from cubic.store import Store
 from cubic.store.engine import temporary_schema
+from tests.requirements import need
 
 PG_ENV = "CUBIC_TEST_DATABASE_URL"
 
@@ -30,8 +31,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'cubic.db'}"
         return
     base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"{PG_ENV} not set: PostgreSQL contract tests skipped")
+    need("postgres", bool(base), f"{PG_ENV} not set: PostgreSQL contract tests skipped")
+    assert base is not None
     with temporary_schema(base, prefix="cubic_test") as url:
         yield url
 
