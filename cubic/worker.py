@@ -34,6 +34,10 @@ FINAL_STUDY_STATES = {"completed", "stopped", "archived"}
 class _Active:
     lease: dict[str, Any]
     handle: Any
+    poll_errors: int = 0
+
+
+MAX_POLL_ERRORS = 20  # consecutive failures to ask a scheduler about a job before giving up
 
 
 class Worker:
@@ -159,7 +163,16 @@ class Worker:
     def _collect(self) -> int:
         done = 0
         for tid, a in list(self._active.items()):
-            outcome = self.runner.poll(a.handle)
+            try:
+                outcome = self.runner.poll(a.handle)
+                a.poll_errors = 0
+            except Exception as exc:  # the scheduler is briefly unreachable: ask again later
+                a.poll_errors += 1
+                log.warning("trial %s: poll failed (%d): %s", tid, a.poll_errors, exc)
+                if a.poll_errors < MAX_POLL_ERRORS:
+                    continue
+                self._cancel_quietly(a)
+                outcome = Outcome("failed", error=f"lost track of the job: {exc}"[:4000])
             if outcome is None:
                 continue
             self._report(a.lease, outcome)
@@ -184,6 +197,12 @@ class Worker:
         self.reported += 1
         if self.on_report is not None:
             self.on_report(lease, outcome)
+
+    def _cancel_quietly(self, a: _Active) -> None:
+        try:
+            self.runner.cancel(a.handle)
+        except Exception as exc:
+            log.warning("trial %s: cancel failed: %s", a.lease["id"], exc)
 
     def _heartbeats(self) -> None:
         period = max(0.05, self.lease_seconds / 3.0)

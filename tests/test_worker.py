@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -12,9 +13,11 @@ import pytest
 from cubic.bench.service import api_server, study_spec
 from cubic.client import CubicClient
 from cubic.errors import InvalidInput, LeaseLost, NotFound, StorageError
+from cubic.outcome import Outcome
 from cubic.runners import make_runner
+from cubic.runners.simulated import SimulatedRunner
 from cubic.store.schema import upgrade
-from cubic.worker import Worker
+from cubic.worker import MAX_POLL_ERRORS, Worker
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +135,42 @@ def test_cli_submit_worker_best_against_the_service(url: str, tmp_path: Path) ->
     assert best["value"] > 0 and best["metric"] == "tokens_per_s"
     status = cubic("status", sid, "--url", url, "--no-follow").stdout
     assert "completed" in status
+
+
+class _UnreachableScheduler(SimulatedRunner):
+    """Answers polls with errors: ``flaky`` times per job, or always when ``flaky`` < 0."""
+
+    def __init__(self, flaky: int) -> None:
+        super().__init__(seed=3)
+        self.flaky = flaky
+        self.errors: dict[int, int] = {}
+        self.cancelled = 0
+
+    def poll(self, handle: Any) -> Outcome | None:
+        key = id(handle[0])
+        self.errors[key] = self.errors.get(key, 0) + 1
+        if self.flaky < 0 or self.errors[key] <= self.flaky:
+            raise ConnectionError("scheduler unreachable")
+        return super().poll(handle)
+
+    def cancel(self, handle: Any) -> None:
+        self.cancelled += 1
+        super().cancel(handle)
+
+
+def test_poll_errors_are_retried_then_the_trial_fails(url: str) -> None:
+    with CubicClient(url) as client:
+        sid = _study(client, 2, parallel=2)
+        flaky = _UnreachableScheduler(flaky=3)
+        Worker(client, sid, flaky, parallel=2, poll_s=0.01, idle_s=0.05).run()
+        assert {t["state"] for t in client.all_trials(sid)} <= {"complete", "infeasible"}
+        assert all(n > 3 for n in flaky.errors.values())
+
+        sid = _study(client, 1, parallel=1)
+        down = _UnreachableScheduler(flaky=-1)
+        Worker(client, sid, down, poll_s=0.01, idle_s=0.05).run(max_trials=1)
+        trials = client.all_trials(sid)
+        failed = [t for t in trials if t["state"] == "failed"]
+        assert len(failed) == 1 and "lost track of the job" in failed[0]["error"]
+        assert down.cancelled == 1
+        assert list(down.errors.values()) == [MAX_POLL_ERRORS]
