@@ -33,11 +33,12 @@ LOG_TAIL_CHARS = 8192
 # What the frameworks print when an accelerator or the host runs out of memory: PyTorch's
 # CUDA and ROCm allocators (``torch.OutOfMemoryError: CUDA out of memory``, ``HIP out of
 # memory``), cuBLAS/cuDNN allocation failures, NCCL's, XLA's ``RESOURCE_EXHAUSTED``, Python's
-# ``MemoryError``, C++'s ``std::bad_alloc`` and the kernel's or Slurm's OOM-kill notices.
+# ``MemoryError``, C++'s ``std::bad_alloc``, the kernel's or Slurm's OOM-kill notices, and
+# Ray's memory monitor (``Task was killed due to the node running low on memory``).
 OOM_RE = re.compile(
     r"out of memory|OutOfMemoryError|hipErrorOutOfMemory|cudaErrorMemoryAllocation"
     r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED"
-    r"|\bMemoryError\b|std::bad_alloc|oom[-_ ]kill|OOMKilled",
+    r"|\bMemoryError\b|std::bad_alloc|oom[-_ ]kill|OOMKilled|running low on memory",
     re.IGNORECASE,
 )
 _METRICS_LINE = re.compile(rf"^{METRICS_PREFIX}[:=]?\s+(\{{.*\}})\s*$", re.MULTILINE)
