@@ -14,7 +14,9 @@ and ``job_dir``; the filter ``shell_quote`` quotes a value for the shell.
 
 Nodes and GPUs come from the study's workload cluster (``num_gpus``, ``gpus_per_node``)
 unless the study's ``job.resources`` sets them (``{gpus_per_node: 0, nodes: 1}`` for a CPU
-cluster). The time limit is the study's trial timeout rounded up to whole minutes.
+cluster). The time limit is the study's trial timeout rounded up to whole minutes. The job
+runs in the study's ``job.workdir``, else in the worker's working directory (as ``sbatch``
+and the local runner do), so relative paths in ``job.command`` mean the same everywhere.
 
 Watching many jobs must not hammer slurmctld: one ``squeue`` call per ``poll_interval_s``
 serves every handle. A job that has left the queue is read back from ``sacct`` when
@@ -235,6 +237,7 @@ class SlurmHandle:
     timed_out: bool = False
     term_at: float | None = None
     gone_since: float | None = None
+    looked_at: float = -math.inf  # when sacct/scontrol were last asked about the job
     outcome: Outcome | None = None
 
 
@@ -329,7 +332,7 @@ class SlurmRunner(Runner):
         self, job: TrialJob, prepared: PreparedJob, job_dir: Path
     ) -> dict[str, Any]:
         """What the sbatch template sees (see the module docstring)."""
-        workdir = prepared.workdir or job_dir
+        workdir = prepared.workdir or Path.cwd()  # as the local runner and sbatch do
         return {
             "partition": self.partition,
             "account": self.account,
@@ -365,12 +368,6 @@ class SlurmRunner(Runner):
     def check(self, spec: dict[str, Any]) -> None:
         """Refuse a study whose resources or this runner's template cannot make a script."""
         super().check(spec)
-        if shutil.which(self.bins["sbatch"]) is None:
-            raise InvalidInput(
-                f"sbatch ('{self.bins['sbatch']}') not found on this machine; the slurm "
-                "runner submits with it (runner option 'sbatch')",
-                field="sbatch",
-            )
         workload = spec.get("workload") if isinstance(spec.get("workload"), dict) else {}
         sample = TrialJob(
             trial_id=0,
@@ -386,6 +383,12 @@ class SlurmRunner(Runner):
             command="true", env={}, workdir=None, config_path="", metrics_path="", config_json=""
         )
         self.render_script(self.script_variables(sample, prepared, self.root))
+        if shutil.which(self.bins["sbatch"]) is None:
+            raise InvalidInput(
+                f"sbatch ('{self.bins['sbatch']}') not found on this machine; the slurm "
+                "runner submits with it (runner option 'sbatch')",
+                field="sbatch",
+            )
 
     # -- the runner interface ----------------------------------------------------------------
 
@@ -429,7 +432,7 @@ class SlurmRunner(Runner):
             h.term_at = now
             self._scancel(h)
         states = self._states(h.submitted)
-        if states is None:  # squeue did not answer (or answered before this job existed)
+        if states is None:  # squeue did not answer; the deadline still holds
             if h.term_at is not None and now - h.term_at >= self.kill_grace_s:
                 return self._finish(h, None, None)
             return None
@@ -437,6 +440,9 @@ class SlurmRunner(Runner):
             if h.term_at is not None and now - h.term_at >= self.kill_grace_s:
                 return self._finish(h, None, None)  # cancelled, but it will not go away
             return None
+        if now - h.looked_at < self.poll_interval_s:
+            return None  # asked sacct/scontrol a moment ago: no new answer yet
+        h.looked_at = now
         final = self._final_state(h.job_id)
         if final is None:
             if h.gone_since is None:

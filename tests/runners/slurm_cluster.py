@@ -104,7 +104,7 @@ class SlurmCluster:
         self.conf = folder / "slurm.conf"
         self.host = socket.gethostname().split(".")[0]
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.munged_pid: int | None = None
+        self.munged: subprocess.Popen[bytes] | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -136,15 +136,20 @@ class SlurmCluster:
         run_dir = MUNGE_SOCKET.parent
         run_dir.mkdir(parents=True, exist_ok=True)
         shutil.chown(run_dir, "munge", "munge")
-        subprocess.run(["munged", "--force"], check=True, capture_output=True, timeout=30)
+        # In the foreground, as our child: stopped and reaped by us, not left to init.
+        with (self.folder / "munged.out").open("wb") as log:
+            self.munged = subprocess.Popen(
+                ["munged", "--force", "--foreground"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 15
         while not self._munge_works():
-            if time.monotonic() > deadline:
-                raise RuntimeError("munged did not start")
+            if self.munged.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"munged did not start:\n{self.logs()}")
             time.sleep(0.2)
-        pidfile = run_dir / "munged.pid"
-        if pidfile.is_file():
-            self.munged_pid = int(pidfile.read_text().split()[0])
 
     @staticmethod
     def _munge_works() -> bool:
@@ -178,7 +183,7 @@ class SlurmCluster:
 
     def logs(self, chars: int = 4000) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out", "munged.out"):
             path = self.folder / name
             if path.is_file():
                 parts.append(f"--- {name}\n{path.read_text(errors='replace')[-chars:]}")
@@ -194,10 +199,14 @@ class SlurmCluster:
                 p.kill()
                 p.wait(timeout=10)
         self.procs.clear()
-        if self.munged_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.munged_pid, 15)
-            self.munged_pid = None
+        if self.munged is not None:
+            self.munged.terminate()
+            try:
+                self.munged.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.munged.kill()
+                self.munged.wait(timeout=10)
+            self.munged = None
 
 
 @contextlib.contextmanager

@@ -196,6 +196,10 @@ def test_a_template_with_an_unknown_variable_is_invalid_input_naming_it(tmp_path
     (tmp_path / "broken.j2").write_text("{% if %}")
     with pytest.raises(InvalidInput, match=r"broken\.j2"):
         SlurmRunner(template=tmp_path / "broken.j2")
+    bad_nodes = {"command": "true", "resources": {"nodes": 0}}
+    with pytest.raises(InvalidInput) as err:
+        SlurmRunner(root=tmp_path).check({"name": "s", "workload": {}, "job": bad_nodes})
+    assert err.value.field == "job.resources.nodes"
     with pytest.raises(InvalidInput) as err:
         make_runner("slurm", extra_args="--exclusive")
     assert err.value.field == "extra_args"
@@ -248,6 +252,7 @@ def test_a_job_that_reports_metrics_completes_with_them(runner: SlurmRunner) -> 
         "import os; from cubic.job import load_config, report; c = load_config(); "
         "assert c == {'micro_batch': 4, 'zero': 'z1'}, c; "
         "assert os.environ['CUBIC_PARAM_MICRO_BATCH'] == '4'; "
+        f"assert os.getcwd() == {os.getcwd()!r}, os.getcwd(); "  # the worker's, by default
         f"report({METRICS!r})"
     )
     h = runner.submit(trial_job(py(code)))
@@ -407,9 +412,9 @@ def test_a_worker_runs_a_study_through_slurm(slurm_cluster: SlurmCluster, tmp_pa
     db = f"sqlite:///{tmp_path / 'cubic.db'}"
     upgrade(db)
     runner = make_runner("slurm", root=str(tmp_path / "jobs"), poll_interval_s=0.3)
-    with api_server(db, 1) as url, CubicClient(url) as client:
+    with api_server(db, 1) as url, CubicClient(url) as client, CubicClient(url) as own:
         sid = client.create_study(spec)["id"]
-        worker = Worker(CubicClient(url), sid, runner, worker_id="slurm-w", parallel=2, idle_s=0.1)
+        worker = Worker(own, sid, runner, worker_id="slurm-w", parallel=2, idle_s=0.1)
         thread = threading.Thread(target=worker.run)
         thread.start()
         thread.join(timeout=120)
@@ -424,3 +429,51 @@ def test_a_worker_runs_a_study_through_slurm(slurm_cluster: SlurmCluster, tmp_pa
     assert len(scripts) == 4
     assert all("--gpus-per-node" not in s.read_text() for s in scripts)
     assert os.environ["SLURM_CONF"] == str(slurm_cluster.conf)
+
+
+@pytest.mark.slow
+def test_the_torch_ddp_example_tunes_through_slurm(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example study as a user submits it, on a CPU partition: real torchrun jobs."""
+    import importlib.util
+
+    from cubic.bench.service import api_server
+    from cubic.client import CubicClient
+    from cubic.store.schema import upgrade
+    from cubic.study import load_spec
+    from cubic.worker import Worker
+    from tests.requirements import need
+
+    need("torch", importlib.util.find_spec("torch") is not None, "torch is not importable")
+    repo = Path(__file__).resolve().parents[2]
+    spec, base = load_spec(repo / "examples" / "torch_ddp" / "study.yaml")
+    resolved = spec.resolve(base).spec
+    assert spec.job is not None
+    # A CPU cluster: no GPUs to ask Slurm for, the cores of this node for the ranks.
+    job = spec.job.model_copy(
+        update={"workdir": str(repo), "resources": {**CPU, "cpus_per_task": os.cpu_count() or 1}}
+    )
+    doc = spec.model_copy(
+        update={"workload": resolved.workload, "space": resolved.space, "job": job}
+    ).model_dump(mode="json")
+    doc["budget"] = {"max_trials": 3, "max_parallel": 1}
+    # The job's ``python`` is this venv's: sbatch hands the worker's environment to the job.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    db = f"sqlite:///{tmp_path / 'cubic.db'}"
+    upgrade(db)
+    runner = make_runner("slurm", root=str(tmp_path / "jobs"), poll_interval_s=0.5)
+    with api_server(db, 1) as url, CubicClient(url) as client, CubicClient(url) as own:
+        sid = client.create_study(doc)["id"]
+        worker = Worker(own, sid, runner, worker_id="slurm-cpu", idle_s=0.2)
+        worker.run()
+        assert client.get_study(sid)["state"] == "completed"
+        trials = client.all_trials(sid)
+        best = client.best(sid)
+    problems = [(t["params"], t["error"], (t["log_tail"] or "")[-2000:]) for t in trials]
+    assert len(trials) == 3 and all(t["state"] == "complete" for t in trials), problems
+    for t in trials:
+        assert t["metrics"]["tokens_per_s"] > 0
+        assert t["metrics"]["timed_steps"] == 6  # --steps 8 less the study's 2 warm-up steps
+        assert t["metrics"]["world_size"] == t["params"]["nproc_per_node"]
+    assert best["value"] == max(t["metrics"]["tokens_per_s"] for t in trials)
