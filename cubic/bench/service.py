@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,10 +45,16 @@ def pg_schema(base_url: str) -> Any:
 @contextmanager
 def api_server(db_url: str, api_workers: int) -> Iterator[str]:
     """``uvicorn --workers N`` serving cubic on ``db_url``; yields its base URL."""
-    import httpx
-
     port = free_port()
     env = {**os.environ, "CUBIC_DATABASE_URL": db_url, "CUBIC_REAP_INTERVAL_S": "2"}
+    # a file, not a pipe: nobody reads a pipe while the server runs, and a full one blocks it
+    with tempfile.TemporaryFile() as errors:
+        yield from _serve(api_workers, env, port, errors)
+
+
+def _serve(api_workers: int, env: dict[str, str], port: int, errors: Any) -> Iterator[str]:
+    import httpx
+
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -66,14 +73,15 @@ def api_server(db_url: str, api_workers: int) -> Iterator[str]:
         ],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=errors,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"uvicorn exited: {proc.stderr.read().decode()[-2000:]}")
+                errors.seek(0)
+                raise RuntimeError(f"uvicorn exited: {errors.read().decode()[-2000:]}")
             try:
                 if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                     break
@@ -89,6 +97,7 @@ def api_server(db_url: str, api_workers: int) -> Iterator[str]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def study_spec(trials: int, workers: int, strategy: str) -> dict[str, Any]:
