@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from cubic.bench.service import api_server, study_spec
+from cubic.bench.service import study_spec
 from cubic.client import CubicClient
 from cubic.errors import InvalidInput, LeaseLost, NotFound, StorageError
 from cubic.outcome import Outcome
 from cubic.runners import make_runner
 from cubic.runners.simulated import SimulatedRunner
-from cubic.store.schema import upgrade
 from cubic.worker import MAX_POLL_ERRORS, Worker
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    db = f"sqlite:///{tmp_path_factory.mktemp('api') / 'cubic.db'}"
-    upgrade(db)
-    with api_server(db, 1) as base:
-        yield base
 
 
 def _study(client: CubicClient, trials: int, parallel: int = 4) -> int:

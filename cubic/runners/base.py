@@ -30,6 +30,22 @@ class TrialJob:
     job: dict[str, Any] = field(default_factory=dict)  # the study's ``job`` section
     objectives: tuple[str, ...] = ()
 
+    @classmethod
+    def sample(cls, spec: dict[str, Any], **job: Any) -> TrialJob:
+        """A stand-in trial of a study (no knobs) to check its templates before leasing;
+        ``job`` overrides fields of the study's ``job`` section."""
+        workload = spec.get("workload")
+        return cls(
+            trial_id=0,
+            study_id=0,
+            number=0,
+            attempt=1,
+            params={},
+            workload=workload if isinstance(workload, dict) else {},
+            timeout_s=float(spec.get("trial_timeout_s", 3600.0)),
+            job={**(spec.get("job") or {}), **job},
+        )
+
 
 class Runner(ABC):
     """Starts, watches and stops jobs. One instance serves one worker."""

@@ -518,16 +518,7 @@ class KubernetesRunner(Runner):
         names a knob cannot be checked this way and is checked per trial instead.
         """
         super().check(spec)
-        sample = TrialJob(
-            trial_id=0,
-            study_id=0,
-            number=0,
-            attempt=1,
-            params={},
-            workload=spec.get("workload") if isinstance(spec.get("workload"), dict) else {},
-            timeout_s=float(spec.get("trial_timeout_s", 3600.0)),
-            job={**(spec.get("job") or {}), "command": "true", "env": {}},
-        )
+        sample = TrialJob.sample(spec, command="true", env={})
         try:
             job_body(self.manifest(sample), self.options.source)
         except InvalidInput as exc:

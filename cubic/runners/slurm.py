@@ -368,17 +368,7 @@ class SlurmRunner(Runner):
     def check(self, spec: dict[str, Any]) -> None:
         """Refuse a study whose resources or this runner's template cannot make a script."""
         super().check(spec)
-        workload = spec.get("workload") if isinstance(spec.get("workload"), dict) else {}
-        sample = TrialJob(
-            trial_id=0,
-            study_id=0,
-            number=0,
-            attempt=0,
-            params={},
-            workload=workload,
-            timeout_s=float(spec.get("trial_timeout_s", 3600.0)),
-            job=spec.get("job") or {},
-        )
+        sample = TrialJob.sample(spec)
         prepared = PreparedJob(
             command="true", env={}, workdir=None, config_path="", metrics_path="", config_json=""
         )

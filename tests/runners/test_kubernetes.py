@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from cubic.errors import InvalidInput
-from cubic.outcome import Outcome
 from cubic.runners.base import TrialJob
 from tests.requirements import need
+from tests.runners.outcomes import wait
 
 try:
     import kubernetes_validate
@@ -29,7 +29,6 @@ try:
 
     from cubic.runners.kubernetes import (
         KubernetesError,
-        KubernetesHandle,
         KubernetesRunner,
         ManifestOptions,
         job_body,
@@ -336,16 +335,6 @@ def runner_for(api: K8sApi, **options: Any) -> KubernetesRunner:
     client = k8s.ApiClient(k8s.Configuration(host=api.url))
     opts = {"image": IMAGE, "poll_interval_s": 0.0, "api_client": client, **options}
     return KubernetesRunner(**opts)
-
-
-def wait(runner: KubernetesRunner, handle: KubernetesHandle, limit: float = 20) -> Outcome:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        outcome = runner.poll(handle)
-        if outcome is not None:
-            return outcome
-        time.sleep(0.005)
-    raise AssertionError("the job did not end")
 
 
 def test_a_job_that_completes_reports_its_metrics_and_is_deleted(api: K8sApi) -> None:

@@ -7,20 +7,18 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cubic.bench.service import api_server, study_spec
+from cubic.bench.service import study_spec
 from cubic.client import CubicClient
-from cubic.outcome import Outcome
 from cubic.runners import make_runner
 from cubic.runners.base import TrialJob
-from cubic.runners.local import LocalHandle, LocalRunner
-from cubic.store.schema import upgrade
+from cubic.runners.local import LocalRunner
 from cubic.worker import Worker
+from tests.runners.outcomes import wait
 
 PY = shlex.quote(sys.executable)
 # A job that reads its config through the SDK and reports a throughput that depends on it.
@@ -41,16 +39,6 @@ def job(command: str, *, timeout_s: float = 60, params: dict[str, Any] | None = 
         job={"command": command},
         objectives=("tokens_per_s",),
     )
-
-
-def wait(runner: LocalRunner, handle: LocalHandle, limit: float = 30) -> Outcome:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        out = runner.poll(handle)
-        if out is not None:
-            return out
-        time.sleep(0.02)
-    raise AssertionError("the job did not end")
 
 
 def alive(pid: int) -> bool:
@@ -165,14 +153,6 @@ def test_a_missing_workdir_fails_at_submit(runner: LocalRunner, tmp_path: Path) 
 
 
 # end to end: a real service, a worker, the local runner -------------------------------------
-
-
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    db = f"sqlite:///{tmp_path_factory.mktemp('api') / 'cubic.db'}"
-    upgrade(db)
-    with api_server(db, 1) as base:
-        yield base
 
 
 def local_study(trials: int, command: str) -> dict[str, Any]:

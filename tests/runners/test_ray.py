@@ -18,7 +18,6 @@ import pytest
 from cubic.bench.service import api_server, free_port
 from cubic.client import CubicClient
 from cubic.errors import InvalidInput
-from cubic.outcome import Outcome
 from cubic.runners import make_runner
 from cubic.runners.base import TrialJob
 from cubic.store.schema import upgrade
@@ -29,6 +28,7 @@ from tests.runners.ray_cluster import RayHead, ray_head, skip_module_without_ray
 skip_module_without_ray()  # the runner module imports ray
 
 from cubic.runners.ray import RayHandle, RayRunner, job_outcome  # noqa: E402
+from tests.runners.outcomes import wait as _run  # noqa: E402
 
 PY = shlex.quote(sys.executable)
 # A job that reads its config the three ways and reports metrics with the job SDK. No
@@ -66,16 +66,6 @@ def _trial(
         job={"command": command, **job},
         objectives=("tokens_per_s",),
     )
-
-
-def _run(runner: RayRunner, handle: RayHandle, within_s: float = 60.0) -> Outcome:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        outcome = runner.poll(handle)
-        if outcome is not None:
-            return outcome
-        time.sleep(0.05)
-    raise AssertionError(f"ray job {handle.submission_id} did not end in {within_s} s")
 
 
 def _wait_status(runner: RayRunner, handle: RayHandle, wanted: str, within_s: float = 30.0) -> None:
@@ -179,7 +169,7 @@ def test_cancel_stops_a_running_job(runner: RayRunner) -> None:
 def test_deadline_stops_a_long_job_as_a_timeout(runner: RayRunner) -> None:
     handle = runner.submit(_trial("echo working; exec sleep 120", timeout_s=2.0))
     started = time.monotonic()
-    outcome = _run(runner, handle, within_s=30)
+    outcome = _run(runner, handle, limit=30)
     assert (outcome.state, outcome.error) == ("failed", "timeout after 2 s")
     assert 2.0 <= time.monotonic() - started < 20
     assert str(runner.client.get_job_status(handle.submission_id)) == "STOPPED"
@@ -200,7 +190,7 @@ def test_dead_supervisor_actor_is_a_lost_job_not_out_of_memory(
     supervisor = next(p for p in job.parents() if "JobSupervisor" in p.name())
     try:
         supervisor.send_signal(signal.SIGKILL)  # what a lost node does to it
-        outcome = _run(runner, handle, within_s=30)
+        outcome = _run(runner, handle, limit=30)
     finally:
         job.kill()  # the driver outlives its supervisor: Ray cannot stop it any more
     assert outcome.state == "failed"

@@ -22,13 +22,13 @@ from cubic.runners.base import TrialJob
 from cubic.runners.contract import prepare
 from cubic.runners.slurm import (
     SlurmError,
-    SlurmHandle,
     SlurmRunner,
     parse_exit_code,
     slurm_outcome,
     slurm_resources,
     slurm_time,
 )
+from tests.runners.outcomes import wait
 from tests.runners.slurm_cluster import SlurmCluster
 
 CPU = {"gpus_per_node": 0, "nodes": 1, "cpus_per_task": 1}
@@ -215,16 +215,6 @@ def runner(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[SlurmRunner]
     r.close()
 
 
-def wait(runner: SlurmRunner, handle: SlurmHandle, timeout_s: float = 60.0) -> Outcome:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = runner.poll(handle)
-        if out is not None:
-            return out
-        time.sleep(0.1)
-    raise AssertionError(f"slurm job {handle.job_id} did not end in {timeout_s} s")
-
-
 def squeue_state(job_id: str) -> str:
     res = subprocess.run(
         ["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"], capture_output=True, text=True
@@ -286,7 +276,7 @@ def test_cancel_stops_a_running_job(runner: SlurmRunner) -> None:
     started = time.monotonic()
     runner.cancel(h)
     runner.cancel(h)  # idempotent
-    out = wait(runner, h, timeout_s=30)
+    out = wait(runner, h, limit=30)
     assert time.monotonic() - started < 30
     assert out.state == "failed" and out.error == "cancelled by cubic (scancel)"
     assert squeue_state(h.job_id) == ""
@@ -298,7 +288,7 @@ def test_a_job_cancelled_outside_cubic_says_so(runner: SlurmRunner) -> None:
     h = runner.submit(trial_job("sleep 120"))
     wait_running(h.job_id)
     subprocess.run(["scancel", h.job_id], check=True)
-    out = wait(runner, h, timeout_s=30)
+    out = wait(runner, h, limit=30)
     assert out.state == "failed" and out.error.startswith("cancelled outside cubic")
 
 
@@ -308,7 +298,7 @@ def test_the_runner_deadline_cancels_a_job_past_its_time(
     runner = SlurmRunner(root=tmp_path, poll_interval_s=0.3, deadline_slack_s=1.0)
     started = time.monotonic()
     h = runner.submit(trial_job("echo working; sleep 120", timeout_s=2.0))
-    out = wait(runner, h, timeout_s=30)
+    out = wait(runner, h, limit=30)
     assert out.state == "failed" and out.error == "timeout after 2 s"
     assert 3.0 <= time.monotonic() - started < 20
     assert "working" in out.log_tail
@@ -322,7 +312,7 @@ def test_slurms_own_time_limit_ends_as_a_timeout(
     # --time=00:01:00; slurmctld enforces limits about every 30 s, so this takes 60-90 s.
     runner = SlurmRunner(root=tmp_path, poll_interval_s=1.0, deadline_slack_s=300.0)
     h = runner.submit(trial_job("sleep 600", timeout_s=60.0))
-    out = wait(runner, h, timeout_s=180)
+    out = wait(runner, h, limit=180)
     assert scontrol_field(h.job_id, "JobState") == "TIMEOUT"
     assert out.state == "failed" and out.error == "timeout after 60 s"
 
