@@ -39,10 +39,15 @@ JSON written by :meth:`BenchResult.to_dict` (``version`` 1)::
                       infeasible_share, optimum, optimum_config, baseline_ratio}}
     runs:     [{study, strategy, seed, curve, best_tried, trials_to, n_trials, n_attempts,
                 n_failed, n_infeasible, infeasible_share, best_config, best_measured,
-                best_ratio, prior_trials, wall_s, makespan_s}]
+                best_ratio, proxy_tau, prior_trials, wall_s, makespan_s}]
     summary:  [{study, strategy, runs, best_at: {"8": {median, q25, q75}, ...},
                 trials_to: {"0.95": {median, reached}, "0.99": {...}},
-                infeasible_share, wall_s}]
+                infeasible_share, proxy_tau: {median, min}, wall_s}]
+
+``proxy_tau`` is the proxy model's cross-validated Kendall tau (5 folds, the mean over
+folds, as the service stores it) on the run's own finished trials: how well the model ranks
+the configurations the search chose to measure, which are harder to tell apart than random
+ones because they crowd around the fast region.
     skipped:  [strategy names not available]
 """
 
@@ -404,6 +409,7 @@ class RunResult:
     best_config: dict[str, Any] | None
     best_measured: float | None
     best_ratio: float
+    proxy_tau: float | None
     prior_trials: int
     wall_s: float
     makespan_s: float
@@ -418,6 +424,7 @@ def score_run(
     seed: int,
     wall_s: float = 0.0,
     prior_trials: int = 0,
+    with_tau: bool = True,
 ) -> RunResult:
     """Curves and counts of one run, scored by true values against the study's optimum."""
     retried = {t.retry_of for t in trials if t.retry_of is not None}
@@ -469,10 +476,33 @@ def score_run(
         best_config=dict(best[1].params) if best else None,
         best_measured=best[0] if best else None,
         best_ratio=curve[-1] if curve else 0.0,
+        proxy_tau=proxy_tau(study, trials) if with_tau else None,
         prior_trials=prior_trials,
         wall_s=wall_s,
         makespan_s=max(ends, default=0.0),
     )
+
+
+def proxy_tau(study: ResolvedStudy, trials: Sequence[Trial], k: int = 5) -> float | None:
+    """Cross-validated Kendall tau of the proxy model on a run's own finished trials.
+
+    The model is set up as the ``cubic`` strategy fits it on one study's trials.
+
+    None when fewer than ``2 * k`` trials measured a throughput.
+    """
+    from cubic.proxy.model import ProxyModel
+    from cubic.proxy.quality import cross_validate
+    from cubic.proxy.training import training_set
+
+    kind = study.workload.kind
+    X, y, feasible, groups = training_set(trials, lambda _: study.workload, kind)
+    if int(feasible.sum()) < 2 * k:
+        return None
+    cv = cross_validate(
+        lambda: ProxyModel(kind=kind, offset="auto"), X, y, feasible, k=k, seed=0, groups=groups
+    )
+    tau = cv.get("kendall_tau")
+    return None if tau is None else float(tau)
 
 
 def accepts_prior(cls: type[Strategy]) -> bool:
@@ -593,6 +623,13 @@ def _quartiles(xs: Iterable[float]) -> dict[str, float]:
     return {"median": float(med), "q25": float(q25), "q75": float(q75)}
 
 
+def _tau_summary(taus: Sequence[float | None]) -> dict[str, float | None]:
+    vals = [t for t in taus if t is not None]
+    if not vals:
+        return {"median": None, "min": None}
+    return {"median": float(np.median(vals)), "min": float(np.min(vals))}
+
+
 def _padded(curve: Sequence[float], n: int) -> list[float]:
     """The curve over ``n`` trials; a run that ran out of configs keeps its last value."""
     if not curve:
@@ -654,6 +691,7 @@ class BenchResult:
                     "best_at": best_at,
                     "trials_to": trials_to,
                     "infeasible_share": float(np.mean([r.infeasible_share for r in runs])),
+                    "proxy_tau": _tau_summary([r.proxy_tau for r in runs]),
                     "wall_s": float(np.median([r.wall_s for r in runs])),
                 }
             )
@@ -697,7 +735,9 @@ class BenchResult:
         seeds = len(self.settings.get("seeds", []))
         scores = Table(
             title=f"best found / optimum (true value): median [IQR] over {seeds} "
-            f"seeds, {self.settings.get('workers')} workers"
+            f"seeds, {self.settings.get('workers')} workers",
+            caption="infeasible: mean share of trials that could not run or broke a constraint; "
+            "tau: median cross-validated Kendall tau of the proxy on each run's trials",
         )
         scores.add_column("study")
         scores.add_column("strategy")
@@ -706,6 +746,7 @@ class BenchResult:
         for x in TARGETS:
             scores.add_column(f"to {x:.0%}", justify="right")
         scores.add_column("infeasible", justify="right")
+        scores.add_column("tau", justify="right")
         scores.add_column("s/run", justify="right")
         for row in self.summary():
             cells = [row["study"], row["strategy"]]
@@ -716,7 +757,9 @@ class BenchResult:
                 t = row["trials_to"][f"{x:g}"]
                 med = f">{self.budget}" if t["median"] is None else f"{t['median']:g}"
                 cells.append(f"{med} ({t['reached']}/{row['runs']})")
-            cells.append(f"{row['infeasible_share']:.0%}")
+            cells.append(f"{row['infeasible_share']:.1%}")
+            tau = row["proxy_tau"]
+            cells.append("-" if tau["median"] is None else f"{tau['median']:.2f}")
             cells.append(f"{row['wall_s']:.1f}")
             scores.add_row(*cells)
         return [studies, scores]

@@ -724,3 +724,55 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
 
 def _table_class(rows: int) -> str:
     return "large" if rows >= LARGE_ROWS else "medium" if rows >= MEDIUM_ROWS else "small"
+
+
+# -- numerics --------------------------------------------------------------------------------
+
+#: The knobs that trade numerical accuracy for speed, one column per reduced-precision site.
+#: A study's error score adds up over the sites a configuration switches on, so these
+#: columns are the design of an additive (non-negative) error model. An error-bounded lossy
+#: exchange enters with its bound: the error it adds is at most proportional to the bound.
+_NUMERICS_LLM = FP8_SITES
+_NUMERICS_DLRM = (
+    "fp8_bottom_mlp",
+    "fp8_top_mlp",
+    "fp8_interaction",
+    "allow_tf32",
+    "a2a_fp16",
+    "a2a_bf16",
+    "a2a_fp8",
+    "a2a_lossy_bound",
+)
+
+
+def numerics_names(kind: str) -> list[str]:
+    """Ordered column names of :func:`numerics` for a workload kind."""
+    if kind == "llm":
+        return list(_NUMERICS_LLM)
+    if kind == "dlrm":
+        return list(_NUMERICS_DLRM)
+    raise ValueError(f"unknown workload kind {kind!r}; expected 'llm' or 'dlrm'")
+
+
+def numerics(workload: Workload, configs: Configs) -> np.ndarray:
+    """The reduced-precision sites each config switches on (n_configs x sites), >= 0.
+
+    Booleans are 0/1, an all-to-all precision is one-hot (fp32 is the reference, all zero)
+    and the lossy exchange is its error bound.
+    """
+    model = workload.model
+    if isinstance(model, LLM):
+        cols, n = _columns(configs, LLM_DEFAULTS)
+        feats = {k: _bool(cols[k]) for k in FP8_SITES}
+    else:
+        cols, n = _columns(configs, DLRM_DEFAULTS)
+        prec = _onehot(cols["a2a_precision"], "a2a", A2A_PRECISIONS)
+        bound = np.maximum(_num(cols["lossy_error_bound"], 1e-3), 0.0)
+        feats = {k: _bool(cols[k]) for k in DLRM_BOOLS}
+        feats.update(prec)
+        feats["a2a_lossy_bound"] = prec["a2a_lossy"] * bound
+    names = numerics_names(workload.kind)
+    out = np.empty((n, len(names)))
+    for j, name in enumerate(names):
+        out[:, j] = feats[name]
+    return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0)

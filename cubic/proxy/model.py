@@ -35,6 +35,7 @@ from cubic.proxy.features import OFFSET, feature_names
 
 FORMAT = "cubic.proxy_model/1"
 OBJECTIVES = ("regression", "rank")
+OFFSETS = ("roofline", "fitted", "none", "auto")
 
 
 def _version(package: str) -> str:
@@ -58,6 +59,7 @@ class ProxyModel(BaseEstimator):
         self,
         kind: str | None = None,
         objective: str = "regression",
+        offset: str = "roofline",
         n_members: int = 5,
         n_estimators: int = 100,
         max_depth: int = 5,
@@ -72,6 +74,7 @@ class ProxyModel(BaseEstimator):
     ) -> None:
         self.kind = kind
         self.objective = objective
+        self.offset = offset
         self.n_members = n_members
         self.n_estimators = n_estimators
         self.max_depth = max_depth
@@ -89,6 +92,8 @@ class ProxyModel(BaseEstimator):
     def _check_params(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.offset not in OFFSETS:
+            raise ValueError(f"offset must be one of {OFFSETS}, got {self.offset!r}")
         if self.kind is not None:
             feature_names(self.kind)  # raises on an unknown kind
         for name in ("n_members", "n_estimators", "max_depth", "max_bin", "n_jobs"):
@@ -115,7 +120,35 @@ class ProxyModel(BaseEstimator):
 
     def _offset(self, X: np.ndarray) -> np.ndarray:
         i = self.offset_index_
-        return X[:, i] if i is not None else np.zeros(len(X))
+        if i is None:
+            return np.zeros(len(X))
+        intercept, slope = self.offset_coef_
+        return intercept + slope * X[:, i]
+
+    def _fit_offset(
+        self, X: np.ndarray, log_y: np.ndarray, groups: np.ndarray
+    ) -> tuple[float, float]:
+        """``(intercept, slope)`` of the base the trees learn relative to.
+
+        ``roofline``: log throughput over the roofline, an efficiency (what transfers between
+        workloads). ``fitted``: a least-squares line in the roofline, its slope kept in
+        [0, 1]; within one study the roofline is a rough guide whose errors the trees would
+        otherwise have to unlearn, and the line lets the data say how much of it to trust.
+        ``none``: raw log throughput (the roofline stays a feature to split on). ``auto``:
+        ``roofline`` when the rows come from more than one group (workload), else ``fitted``.
+        """
+        i = self.offset_index_
+        offset = self.offset
+        if offset == "auto":
+            offset = "roofline" if len(np.unique(groups)) > 1 else "fitted"
+        if i is None or offset == "none":
+            return 0.0, 0.0
+        if offset == "roofline":
+            return 0.0, 1.0
+        r = X[:, i]
+        slope = float(np.polyfit(r, log_y, 1)[0]) if len(r) > 2 and np.ptp(r) > 0 else 1.0
+        slope = min(max(slope, 0.0), 1.0)
+        return float(np.mean(log_y - slope * r)), slope
 
     def _booster_params(self, seed: int, objective: str) -> dict[str, Any]:
         return {
@@ -172,6 +205,7 @@ class ProxyModel(BaseEstimator):
             self.feature_names_.index(OFFSET) if OFFSET in self.feature_names_ else None
         )
         Xf = X[ok]
+        self.offset_coef_ = self._fit_offset(Xf, np.log(y[ok]), g[ok])
         target = np.log(y[ok]) - self._offset(Xf)
         self.members_ = self._fit_members(Xf, target, g[ok])
         if self.objective == "rank":
@@ -270,6 +304,7 @@ class ProxyModel(BaseEstimator):
             "n_feasible": self.n_feasible_,
             "p_feasible": self.p_feasible_,
             "calibration": list(self.calibration_),
+            "offset_coef": list(self.offset_coef_),
             "members": [_booster_json(b) for b in self.members_],
             "classifier": None if self.classifier_ is None else _booster_json(self.classifier_),
         }
@@ -294,6 +329,8 @@ class ProxyModel(BaseEstimator):
         model.p_feasible_ = float(data["p_feasible"])
         slope, intercept = data["calibration"]
         model.calibration_ = (float(slope), float(intercept))
+        base = data.get("offset_coef", (0.0, 1.0))  # saved before the offset was fitted
+        model.offset_coef_ = (float(base[0]), float(base[1]))
         model.members_ = [_booster_from_json(m, model.n_jobs) for m in data["members"]]
         clf = data.get("classifier")
         model.classifier_ = None if clf is None else _booster_from_json(clf, model.n_jobs)

@@ -64,6 +64,7 @@ class CubicStrategy(Strategy):
         refit_every: int = 2,
         min_feasible: float = 0.5,
         warmup_pool: int | None = None,
+        error_prior: float = 1.0,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -82,10 +83,12 @@ class CubicStrategy(Strategy):
         self.refit_every = refit_every
         self.min_feasible = min_feasible
         self.warmup_pool = warmup_pool
+        self.error_prior = error_prior
+        self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
-        self._random_pool: tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray] | None = (
-            None
-        )
+        self._random_pool: (
+            tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray, np.ndarray] | None
+        ) = None
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
@@ -107,43 +110,98 @@ class CubicStrategy(Strategy):
         limit = 1.0 - self.study.spec.constraints.memory_headroom
         return X[:, names.index("memory_ratio")] <= limit
 
-    def _within_bounds(self, history: Sequence[Trial], X: np.ndarray) -> np.ndarray:
+    def _within_bounds(self, history: Sequence[Trial], N: np.ndarray) -> np.ndarray:
         """Whether each candidate's predicted numerical-error score respects the study's bound.
 
-        Jobs report the score they measured; it adds up over the low-precision sites a
-        config switches on, so a ridge regression on the features learns it from a handful
-        of trials, long before the feasibility classifier has seen enough violations.
+        ``N`` holds the candidates' reduced-precision sites (:func:`cubic.proxy.features.
+        numerics`). Jobs report the score they measured; it adds up over the sites a config
+        switches on, so a non-negative least-squares fit on those columns learns each site's
+        cost from a handful of trials (this study's and, since the score depends on the knobs
+        alone, other studies' of the same kind). A site whose cost the measurements leave open
+        is assumed to cost ``error_prior`` times the bound at its most aggressive setting: by
+        default it may be tried alone, never on top of another site, until it is measured.
         """
         bound = self.study.spec.constraints.max_error_score
-        if bound is None:
-            return np.ones(len(X), dtype=bool)
+        if bound is None or N.shape[1] == 0:
+            return np.ones(len(N), dtype=bool)
+        pred, _ = self._error_model(history, N)
+        return pred <= bound * (1.0 + 1e-4) + 1e-9
+
+    def _max_sites(self) -> int:
+        """The most reduced-precision sites one config of the space switches on at once."""
+        if self._sites is None:
+            from cubic.proxy.features import numerics
+
+            rng = np.random.default_rng(0)
+            pool = self.study.space.sample_arrays(rng, 2048, self.context)
+            self._sites = max(1, int((numerics(self.study.workload, pool) > 0).sum(axis=1).max()))
+        return self._sites
+
+    def _untested_sites(self, history: Sequence[Trial], N: np.ndarray) -> np.ndarray:
+        """Which columns of ``N`` are sites no measured trial has switched on yet but a
+        running one has: a second trial of such a site waits for the first one's score."""
+        from cubic.proxy.features import numerics
+
+        if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
+            return np.zeros(N.shape[1], dtype=bool)
+        _, seen = self._error_model(history, N[:0])
+        running = [t.params for t in history if not t.is_finished]
+        flying = (
+            (numerics(self.study.workload, running) > 0).any(axis=0)
+            if running
+            else np.zeros(N.shape[1], dtype=bool)
+        )
+        return flying & ~seen
+
+    def _error_model(
+        self, history: Sequence[Trial], N: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted error score of each row of ``N`` (see :meth:`_within_bounds`), and which
+        sites measured trials have switched on."""
+        from scipy.optimize import nnls
+
+        from cubic.proxy.features import numerics
+
+        bound = float(self.study.spec.constraints.max_error_score or 0.0)
 
         def measured(t: Trial) -> bool:
             return (
                 t.state == TrialState.COMPLETE
                 and bool(t.metrics)
                 and isinstance(t.metrics.get("error_score"), int | float)
+                and not isinstance(t.metrics.get("error_score"), bool)
             )
 
-        # The score depends on the knobs alone, so other studies' trials teach it too.
         done = [(self.study.workload, t) for t in history if measured(t)]
         done += [(wl, t) for wl, t in self.prior if measured(t)]
-        if len(done) < 4:
-            return np.ones(len(X), dtype=bool)
-        from sklearn.linear_model import Ridge
-
-        from cubic.proxy.features import featurize
-
         by_wl: dict[int, list[tuple[Workload, Trial]]] = {}
         for wl, t in done:
             by_wl.setdefault(id(wl), []).append((wl, t))
-        Xt = np.concatenate([featurize(g[0][0], [t.params for _, t in g]) for g in by_wl.values()])
+        width = N.shape[1]
+        Nt = (
+            np.concatenate([numerics(g[0][0], [t.params for _, t in g]) for g in by_wl.values()])
+            if by_wl
+            else np.zeros((0, width))
+        )
         yt = np.array([float(t.metrics["error_score"]) for g in by_wl.values() for _, t in g])
-        if np.ptp(yt) == 0:
-            return np.full(len(X), bool(yt[0] <= bound))
-        scale = np.maximum(np.abs(Xt).max(axis=0), 1e-12)
-        model = Ridge(alpha=1e-3).fit(Xt / scale, yt)
-        return model.predict(X / scale) <= bound
+        seen = (Nt > 0).any(axis=0)
+        scale = np.maximum(np.abs(N).max(axis=0, initial=0.0), np.abs(Nt).max(axis=0, initial=0.0))
+        scale = np.where(scale > 0, scale, 1.0)
+        # Each site's cost at its most aggressive setting, as a share of the bound: the prior,
+        # pulled to the measurements with a tiny weight, so it holds only where they leave a
+        # site's cost undetermined (never switched on, or only ever with other sites).
+        prior = np.full(width, self.error_prior * bound / self._max_sites())
+        coef = prior.copy()
+        intercept = 0.0
+        if len(yt):
+            # The score of a config at full precision, from those measured (else none).
+            plain = ~(Nt > 0).any(axis=1)
+            intercept = float(np.clip(np.mean(yt[plain]), 0.0, None)) if plain.any() else 0.0
+            w = 1e-3
+            A = np.concatenate([Nt / scale, w * np.eye(width)])
+            b = np.concatenate([yt - intercept, w * prior])
+            coef = nnls(A, b)[0]
+        return intercept + (N / scale) @ coef, seen
 
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -164,12 +222,15 @@ class CubicStrategy(Strategy):
         # the configs most likely to run out of memory or break a bound.
         pool = space.sample_arrays(rng, self.warmup_pool or max(64, 8 * n), ctx)
         configs = space.from_arrays(pool)
-        from cubic.proxy.features import featurize
+        from cubic.proxy.features import featurize, numerics
 
         fits = self._fits_estimate(featurize(self.study.workload, pool))
+        safe = fits & self._within_bounds(history, numerics(self.study.workload, pool))
         keep = [i for i, c in enumerate(configs) if config_key(c) not in seen]
-        if sum(fits[keep]) >= n:  # skip configs the memory estimate already rules out
-            keep = [i for i in keep if fits[i]]
+        for ok in (safe, fits):  # skip configs the estimates already rule out
+            if sum(ok[keep]) >= n:
+                keep = [i for i in keep if ok[i]]
+                break
         if not keep:
             return self.fill_random(history, [], n, seen)
         pos = self.positions(pool)[keep]
@@ -180,12 +241,24 @@ class CubicStrategy(Strategy):
             if len(anchor) == 0
             else np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1)
         )
+        # A site whose cost no trial has measured yet is tried by one trial at a time.
+        sites = numerics(self.study.workload, pool)[keep] > 0
+        untested = self._untested_sites(history, sites.astype(float))
+        _, seen_sites = self._error_model(history, sites[:0].astype(float))
         out: list[Proposal] = []
         for _ in range(min(n, len(keep))):
-            j = int(np.argmax(dist + rng.random(len(dist)) * 1e-6))
+            blocked = (sites & untested).any(axis=1)
+            live = np.where(blocked & (dist >= 0), -0.5, dist)
+            j = int(np.argmax(live + rng.random(len(dist)) * 1e-6))
+            if live[j] < 0:
+                break
             out.append(Proposal(configs[keep[j]], {"phase": "warm-up"}))
+            untested |= sites[j] & ~seen_sites
             dist = np.minimum(dist, np.abs(pos - pos[j]).sum(axis=1))
             dist[j] = -1.0
+        if len(out) < n:
+            taken_keys = seen | {config_key(p.params) for p in out}
+            return self.fill_random(history, out, n, taken_keys)
         return out
 
     def _value(self, t: Trial) -> tuple[float | None, bool]:
@@ -269,6 +342,7 @@ class CubicStrategy(Strategy):
             return None
         model = ProxyModel(
             kind=self.study.workload.kind,
+            offset="auto",
             n_members=self.n_members,
             n_estimators=self.n_estimators,
             seed=self.seed or 0,
@@ -319,11 +393,12 @@ class CubicStrategy(Strategy):
     # candidates and the acquisition ---------------------------------------------------------
     def _random_part(
         self, rng: np.random.Generator
-    ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray]:
-        """Uniform random valid configs with their keys, features and positions (cached:
+    ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """Uniform random valid configs with their keys, features, positions and reduced-
+        precision sites (cached:
         they depend only on the space and the workload)."""
         if self._random_pool is None:
-            from cubic.proxy.features import featurize
+            from cubic.proxy.features import featurize, numerics
 
             space, ctx = self.study.space, self.context
             arrays = space.sample_arrays(rng, self.pool_size, ctx)
@@ -336,6 +411,7 @@ class CubicStrategy(Strategy):
                 [keys[i] for i in first],
                 featurize(self.study.workload, arrays),
                 self.positions(arrays),
+                numerics(self.study.workload, arrays),
             )
         return self._random_pool
 
@@ -383,11 +459,12 @@ class CubicStrategy(Strategy):
 
     def _pool(
         self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
-    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray]:
-        """Candidates never tried: random, mutations of the best, and TPE's proposals."""
-        from cubic.proxy.features import featurize
+    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates never tried (random, mutations of the best, TPE's proposals) with their
+        features, positions and reduced-precision sites."""
+        from cubic.proxy.features import featurize, numerics
 
-        configs, keys, X, pos = self._random_part(rng)
+        configs, keys, X, pos, N = self._random_part(rng)
         keep = [i for i, k in enumerate(keys) if k not in seen]
         extra: list[Proposal] = []
         taken = set(seen) | {keys[i] for i in keep}
@@ -408,12 +485,13 @@ class CubicStrategy(Strategy):
                     extra.append(p)
         pool = [configs[i] for i in keep] + [p.params for p in extra]
         if not extra:
-            return pool, X[keep], pos[keep]
+            return pool, X[keep], pos[keep], N[keep]
         ex = self.study.space.to_arrays([p.params for p in extra])
         return (
             pool,
             np.concatenate([X[keep], featurize(self.study.workload, ex)]),
             np.concatenate([pos[keep], self.positions(ex)]),
+            np.concatenate([N[keep], numerics(self.study.workload, ex)]),
         )
 
     def _guided(
@@ -422,14 +500,14 @@ class CubicStrategy(Strategy):
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
-        pool, X, pos = self._pool(history, seen, rng)
+        pool, X, pos, N = self._pool(history, seen, rng)
         if not pool:
             return self.fill_random(history, [], n, seen)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
         ucb = mu + self.kappa * sd
         score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(history, X)
+        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(history, N)
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
         out: list[Proposal] = []

@@ -154,6 +154,7 @@ def test_json_has_the_documented_keys_and_the_plot_is_a_png(
         "best_config",
         "best_measured",
         "best_ratio",
+        "proxy_tau",
         "prior_trials",
         "wall_s",
         "makespan_s",
@@ -166,6 +167,7 @@ def test_json_has_the_documented_keys_and_the_plot_is_a_png(
         "best_at",
         "trials_to",
         "infeasible_share",
+        "proxy_tau",
         "wall_s",
     }
     assert set(row["best_at"]) == {"8"} and set(row["best_at"]["8"]) == {"median", "q25", "q75"}

@@ -263,3 +263,27 @@ def test_features_do_not_depend_on_the_simulator() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_numerics_are_the_reduced_precision_sites() -> None:
+    from cubic.proxy.features import numerics, numerics_names
+
+    wl = PRESETS["dlrm_criteo_dot"]
+    configs = [
+        {"a2a_precision": "fp32"},
+        {"a2a_precision": "fp8", "fp8_bottom_mlp": True},
+        {"a2a_precision": "lossy", "lossy_error_bound": 0.05},
+        {"a2a_precision": "lossy", "lossy_error_bound": 0.01},
+    ]
+    n = numerics(wl, configs)
+    names = numerics_names("dlrm")
+    assert n.shape == (4, len(names)) and np.all(n >= 0)
+    assert not n[0].any()
+    assert n[1, names.index("a2a_fp8")] == 1 and n[1, names.index("fp8_bottom_mlp")] == 1
+    # A lossy exchange enters with its bound, so a cost learned at one bound scales to another.
+    lossy = names.index("a2a_lossy_bound")
+    assert n[2, lossy] == pytest.approx(5 * n[3, lossy]) and n[2].sum() == n[2, lossy]
+    llm = numerics(TINY_LLM, [{"fp8_qkv": True, "fp8_lm_head": True}, {}])
+    assert llm.tolist() == [[1, 0, 0, 0, 1], [0, 0, 0, 0, 0]]
+    with pytest.raises(ValueError):
+        numerics_names("cnn")

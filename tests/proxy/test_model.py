@@ -160,3 +160,27 @@ def test_fit_and_predict_are_fast() -> None:
     # Loose bounds: shared CI machines are slower and noisier than the targets.
     assert fit_s < 10.0
     assert predict_s < 1.0
+
+
+def test_offset_auto_fits_the_base_for_one_workload_and_learns_efficiency_across() -> None:
+    i = feature_names("llm").index(OFFSET)
+    w8, w70 = workload("llama3_8b", num_gpus=16), workload("llama3_70b")
+    _, X8, y8, f8 = measured(w8, 120, 2)
+    _, X70, y70, f70 = measured(w70, 120, 2)
+    one = ProxyModel(kind="llm", offset="auto", n_estimators=20).fit(X8, y8, f8)
+    fit8 = ProxyModel(kind="llm", offset="fitted", n_estimators=20).fit(X8, y8, f8)
+    assert one.offset_coef_ == fit8.offset_coef_
+    raw = ProxyModel(kind="llm", offset="none", n_estimators=20).fit(X8, y8, f8)
+    assert raw.offset_coef_ == (0.0, 0.0)
+    X, y, f = np.vstack([X8, X70]), np.concatenate([y8, y70]), np.concatenate([f8, f70])
+    groups = np.repeat([8, 70], 120)
+    both = ProxyModel(kind="llm", offset="auto", n_estimators=20).fit(X, y, f, groups)
+    assert both.offset_coef_ == (0.0, 1.0)
+    fitted = ProxyModel(kind="llm", offset="fitted", n_estimators=20).fit(X8, y8, f8)
+    assert 0.0 <= fitted.offset_coef_[1] <= 1.0
+    # The base travels with a saved model.
+    again = ProxyModel.load(fitted.save())
+    np.testing.assert_array_equal(again.predict(X70)[0], fitted.predict(X70)[0])
+    assert np.isfinite(X8[:, i]).all()
+    with pytest.raises(ValueError, match="offset"):
+        ProxyModel(kind="llm", offset="median").fit(X8, y8, f8)

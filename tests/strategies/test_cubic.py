@@ -115,3 +115,68 @@ def test_beats_random_search_on_a_small_budget(name: str) -> None:
         t.metrics.get("throughput", 0) for t in _run(rand, make_strategy(rand), 24) if t.metrics
     )
     assert cubic >= random
+
+
+def _measured(study: ResolvedStudy, params: dict, number: int) -> Trial:
+    out = run_job(study.workload, params, noise=NoiseModel.off())
+    return Trial.detached(number, params, TrialState(out.state), out.metrics or None)
+
+
+def test_error_bound_is_learned_per_site_and_extrapolated_in_the_lossy_bound() -> None:
+    from cubic.proxy.features import numerics
+
+    study = _study("dlrm_dcnv2_h100x64")
+    # At most two sites at once in this space (an FP8 bottom MLP and a reduced-precision
+    # exchange); a prior of twice the bound shared by two makes each untested site alone
+    # worth the whole bound.
+    strategy = CubicStrategy(study, seed=0, error_prior=2.0)
+    assert strategy._max_sites() == 2
+    base = study.space.complete(
+        {k: v for k, v in study.spec.baseline.items() if k in study.space.names}, study.context
+    )
+
+    def cfg(**kw: object) -> dict:
+        return study.space.complete({**base, **kw}, study.context)
+
+    lossy_small = cfg(a2a_precision="lossy", lossy_error_bound=0.001)
+    lossy_big = cfg(a2a_precision="lossy", lossy_error_bound=0.05)
+    fp8_mlp = cfg(fp8_bottom_mlp=True)
+    both = cfg(a2a_precision="lossy", lossy_error_bound=0.001, fp8_bottom_mlp=True)
+    candidates = [base, lossy_small, lossy_big, fp8_mlp, both]
+    N = numerics(study.workload, candidates)
+    # Nothing measured: a site may be tried alone, never on top of another untested one.
+    assert strategy._within_bounds([], N).tolist() == [True, True, True, True, False]
+    # One small-bound lossy trial measured: its cost per unit of bound says the large bound
+    # breaks the study's limit, though no trial at that bound ran.
+    history = [_measured(study, lossy_small, 1), _measured(study, base, 2)]
+    assert history[0].metrics["error_score"] < 1.0
+    ok = strategy._within_bounds(history, N)
+    assert ok[1] and not ok[2] and ok[3]
+    assert not ok[4]  # the FP8 bottom MLP is still untested: not on top of a measured site
+    history.append(_measured(study, fp8_mlp, 3))
+    assert strategy._within_bounds(history, N)[4]
+
+
+def test_warm_up_tries_each_untested_precision_site_once_at_a_time() -> None:
+    from cubic.proxy.features import numerics
+
+    study = _study("dlrm_dcnv2_h100x64")
+    for seed in range(3):
+        first = CubicStrategy(study, seed=seed).suggest([], 8)
+        assert len(first) == 8
+        sites = numerics(study.workload, [p.params for p in first]) > 0
+        assert sites.sum(axis=0).max() <= 1
+        assert all(not study.space.validate(p.params, study.context) for p in first)
+
+
+def test_the_error_prior_shares_the_bound_among_the_sites_a_config_can_switch_on() -> None:
+    from cubic.proxy.features import FP8_SITES, numerics
+
+    study = _study("llama3_70b_h100x64")
+    strategy = CubicStrategy(study, seed=0)
+    assert strategy._max_sites() == len(FP8_SITES)
+    every = study.space.sample(np.random.default_rng(0), 256, study.context)
+    N = numerics(study.workload, every)
+    # Untested, all five FP8 sites together are just within the bound; measured, a site
+    # costs what it measured.
+    assert strategy._within_bounds([], N).all()
