@@ -14,6 +14,12 @@ Two explicit phases:
    and choose a diverse batch: after each pick, candidates close to it (in knob-rank space)
    are penalised, so parallel workers do not all measure the same neighbourhood.
 
+Both phases respect a study's numerical-error bound before any trial breaks it: an additive
+model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
+all-to-all precision) is fitted to the scores jobs report, with a prior that shares the bound
+among the sites one config can switch on, and a site no trial has measured yet is tried by one
+trial at a time.
+
 A config already in the history is never proposed again. Every proposal carries what the
 proxy predicted, so predictions can be compared with measurements.
 """
@@ -65,6 +71,8 @@ class CubicStrategy(Strategy):
         min_feasible: float = 0.5,
         warmup_pool: int | None = None,
         error_prior: float = 1.0,
+        offset: str = "auto",
+        borrowed_radius: float = 3.0,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -84,6 +92,8 @@ class CubicStrategy(Strategy):
         self.min_feasible = min_feasible
         self.warmup_pool = warmup_pool
         self.error_prior = error_prior
+        self.offset = offset
+        self.borrowed_radius = borrowed_radius
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._random_pool: (
@@ -342,7 +352,7 @@ class CubicStrategy(Strategy):
             return None
         model = ProxyModel(
             kind=self.study.workload.kind,
-            offset="auto",
+            offset=self.offset,
             n_members=self.n_members,
             n_estimators=self.n_estimators,
             seed=self.seed or 0,
@@ -510,6 +520,10 @@ class CubicStrategy(Strategy):
         likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(history, N)
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
+        # Before this study has measured anything, the ranking is borrowed from other
+        # workloads: spread the batch wider so that one wrong belief costs fewer trials.
+        measured = any(self._value(t)[0] is not None for t in history)
+        radius = self.radius * (1.0 if measured else self.borrowed_radius)
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
         for _ in range(min(n, len(pool))):
@@ -528,6 +542,6 @@ class CubicStrategy(Strategy):
                 )
             )
             dist = np.abs(pos - pos[j]).sum(axis=1)
-            score = score * (1.0 - np.exp(-((dist / self.radius) ** 2)))
+            score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
             score[j] = -1.0
         return out

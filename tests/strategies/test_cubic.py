@@ -180,3 +180,23 @@ def test_the_error_prior_shares_the_bound_among_the_sites_a_config_can_switch_on
     # Untested, all five FP8 sites together are just within the bound; measured, a site
     # costs what it measured.
     assert strategy._within_bounds([], N).all()
+
+
+def test_a_batch_ranked_only_by_other_workloads_is_spread_wider() -> None:
+    target, other = _study("llama3_70b_h100x64"), _study("llama3_8b_h100x16")
+    rng = np.random.default_rng(1)
+    prior = [
+        (other.workload, _measured(other, cfg, 1000 + i))
+        for i, cfg in enumerate(other.space.sample(rng, 64, other.context))
+    ]
+
+    def spread(borrowed_radius: float) -> float:
+        strategy = CubicStrategy(
+            target, seed=0, prior=prior, transfer_tau=0.0, borrowed_radius=borrowed_radius
+        )
+        first = strategy.suggest([], 8)
+        assert {p.predicted["phase"] for p in first} == {"model"}
+        pos = strategy.positions(target.space.to_arrays([p.params for p in first]))
+        return float(np.abs(pos[:, None] - pos[None]).sum(-1).mean())
+
+    assert spread(3.0) > spread(1.0)
