@@ -208,13 +208,15 @@ _DLRM_NAMES = (
 )
 
 
+def _for_kind(kind: str, llm: tuple[str, ...], dlrm: tuple[str, ...]) -> list[str]:
+    if kind not in ("llm", "dlrm"):
+        raise ValueError(f"unknown workload kind {kind!r}; expected 'llm' or 'dlrm'")
+    return list(llm if kind == "llm" else dlrm)
+
+
 def feature_names(kind: str) -> list[str]:
     """Ordered column names of :func:`featurize` for a workload kind ('llm' or 'dlrm')."""
-    if kind == "llm":
-        return list(_LLM_NAMES)
-    if kind == "dlrm":
-        return list(_DLRM_NAMES)
-    raise ValueError(f"unknown workload kind {kind!r}; expected 'llm' or 'dlrm'")
+    return _for_kind(kind, _LLM_NAMES, _DLRM_NAMES)
 
 
 def featurize(workload: Workload, configs: Configs) -> np.ndarray:
@@ -747,11 +749,7 @@ _NUMERICS_DLRM = (
 
 def numerics_names(kind: str) -> list[str]:
     """Ordered column names of :func:`numerics` for a workload kind."""
-    if kind == "llm":
-        return list(_NUMERICS_LLM)
-    if kind == "dlrm":
-        return list(_NUMERICS_DLRM)
-    raise ValueError(f"unknown workload kind {kind!r}; expected 'llm' or 'dlrm'")
+    return _for_kind(kind, _NUMERICS_LLM, _NUMERICS_DLRM)
 
 
 def numerics(workload: Workload, configs: Configs) -> np.ndarray:

@@ -131,11 +131,15 @@ class CubicStrategy(Strategy):
         is assumed to cost ``error_prior`` times the bound at its most aggressive setting: by
         default it may be tried alone, never on top of another site, until it is measured.
         """
-        bound = self.study.spec.constraints.max_error_score
-        if bound is None or N.shape[1] == 0:
+        if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
             return np.ones(len(N), dtype=bool)
-        pred, _ = self._error_model(history, N)
-        return pred <= bound * (1.0 + 1e-4) + 1e-9
+        return self._respects_bound(self._error_model(history, N)[0])
+
+    def _respects_bound(self, predicted: np.ndarray) -> np.ndarray:
+        bound = self.study.spec.constraints.max_error_score
+        if bound is None:
+            return np.ones(len(predicted), dtype=bool)
+        return predicted <= bound * (1.0 + 1e-4) + 1e-9
 
     def _max_sites(self) -> int:
         """The most reduced-precision sites one config of the space switches on at once."""
@@ -147,21 +151,17 @@ class CubicStrategy(Strategy):
             self._sites = max(1, int((numerics(self.study.workload, pool) > 0).sum(axis=1).max()))
         return self._sites
 
-    def _untested_sites(self, history: Sequence[Trial], N: np.ndarray) -> np.ndarray:
-        """Which columns of ``N`` are sites no measured trial has switched on yet but a
-        running one has: a second trial of such a site waits for the first one's score."""
+    def _untested_sites(self, history: Sequence[Trial], seen: np.ndarray) -> np.ndarray:
+        """Sites no measured trial has switched on yet (``seen`` is False) but a running one
+        has: a second trial of such a site waits for the first one's score."""
         from cubic.proxy.features import numerics
 
-        if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
-            return np.zeros(N.shape[1], dtype=bool)
-        _, seen = self._error_model(history, N[:0])
+        if self.study.spec.constraints.max_error_score is None or len(seen) == 0:
+            return np.zeros(len(seen), dtype=bool)
         running = [t.params for t in history if not t.is_finished]
-        flying = (
-            (numerics(self.study.workload, running) > 0).any(axis=0)
-            if running
-            else np.zeros(N.shape[1], dtype=bool)
-        )
-        return flying & ~seen
+        if not running:
+            return np.zeros(len(seen), dtype=bool)
+        return (numerics(self.study.workload, running) > 0).any(axis=0) & ~seen
 
     def _error_model(
         self, history: Sequence[Trial], N: np.ndarray
@@ -235,7 +235,9 @@ class CubicStrategy(Strategy):
         from cubic.proxy.features import featurize, numerics
 
         fits = self._fits_estimate(featurize(self.study.workload, pool))
-        safe = fits & self._within_bounds(history, numerics(self.study.workload, pool))
+        N = numerics(self.study.workload, pool)
+        predicted, seen_sites = self._error_model(history, N)
+        safe = fits & self._respects_bound(predicted)
         keep = [i for i, c in enumerate(configs) if config_key(c) not in seen]
         for ok in (safe, fits):  # skip configs the estimates already rule out
             if sum(ok[keep]) >= n:
@@ -252,9 +254,8 @@ class CubicStrategy(Strategy):
             else np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1)
         )
         # A site whose cost no trial has measured yet is tried by one trial at a time.
-        sites = numerics(self.study.workload, pool)[keep] > 0
-        untested = self._untested_sites(history, sites.astype(float))
-        _, seen_sites = self._error_model(history, sites[:0].astype(float))
+        sites = N[keep] > 0
+        untested = self._untested_sites(history, seen_sites)
         out: list[Proposal] = []
         for _ in range(min(n, len(keep))):
             blocked = (sites & untested).any(axis=1)

@@ -150,14 +150,10 @@ def test_a_cpu_only_job_takes_its_resources_from_the_study(version: str) -> None
     }
     assert c["imagePullPolicy"] == "Always"
     # A small workload asks for its GPU count, not a whole node's; memory_gb is GiB.
-    small = TrialJob(
-        trial_id=1,
-        study_id=1,
-        number=0,
-        attempt=1,
-        params={},
-        workload={"cluster": {"num_gpus": 2, "gpus_per_node": 8}},
-        job={"command": "true", "resources": {"memory_gb": 80}},
+    small = TrialJob.sample(
+        {"workload": {"cluster": {"num_gpus": 2, "gpus_per_node": 8}}},
+        command="true",
+        resources={"memory_gb": 80},
     )
     res = container(
         render_manifest(small, ManifestOptions(image=IMAGE, gpu_resource="amd.com/gpu"))

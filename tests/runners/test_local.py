@@ -140,14 +140,7 @@ def test_cancel_stops_the_job_and_its_children(runner: LocalRunner, tmp_path: Pa
 
 
 def test_a_missing_workdir_fails_at_submit(runner: LocalRunner, tmp_path: Path) -> None:
-    bad = TrialJob(
-        trial_id=1,
-        study_id=1,
-        number=0,
-        attempt=1,
-        params={},
-        job={"command": "true", "workdir": str(tmp_path / "absent")},
-    )
+    bad = TrialJob.sample({}, command="true", workdir=str(tmp_path / "absent"))
     with pytest.raises(OSError):
         runner.submit(bad)
 
