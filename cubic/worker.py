@@ -155,6 +155,7 @@ class Worker:
                 log.warning("trial %s: submit failed: %s", t["id"], exc)
                 self._report(t, Outcome("failed", error=f"submit failed: {exc}"[:4000]))
                 continue
+            log.info("trial %s: started %s", t["id"], self.runner.describe(handle))
             with self._lock:
                 self._active[t["id"]] = _Active(t, handle)
             new += 1

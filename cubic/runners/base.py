@@ -64,6 +64,10 @@ class Runner(ABC):
                 field="job.command",
             )
 
+    def describe(self, handle: Any) -> dict[str, Any]:
+        """Where the job runs (pid, scheduler job id, folder), for the worker's log."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook, most runners hold nothing
         """Release what the runner holds (connections, temporary files)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,6 @@ class PreparedJob:
     metrics_path: str
     config_json: str
     log_path: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare(
@@ -151,7 +150,6 @@ def prepare(
         **job.params,
         "params": job.params,
         "flags": shlex.join(flags),
-        "flag_list": flags,
         "trial": config_document(job)["trial"],
         "workload": job.workload,
         "config_path": config_path,

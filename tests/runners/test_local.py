@@ -79,6 +79,7 @@ def test_a_job_gets_its_config_every_way_and_reports_through_the_sdk(runner: Loc
     assert "env: 4" in log
     assert '"micro_batch": 4' in log
     assert (runner.job_dir(h.job) / "metrics.json").exists()
+    assert runner.describe(h) == {"pid": h.proc.pid, "dir": str(runner.job_dir(h.job))}
 
 
 def test_a_metrics_line_alone_is_enough(runner: LocalRunner) -> None:
