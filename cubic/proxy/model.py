@@ -10,6 +10,9 @@ fit in memory. Three parts:
 * optionally, pairwise rankers (``objective="rank"``, ``rank:pairwise`` grouped per study)
   in place of the regressors, mapped back to log throughput by a linear fit, for data where
   ordering configurations matters more than predicting their speed;
+* a Gaussian process over the same features (:mod:`cubic.proxy.gp`), fitted on the newest
+  ``gp_rows`` trials and blended into the mean with weight ``gp_weight``: the trees alone
+  tie configurations that fall in one leaf, which with a few dozen trials is most of them;
 * an XGBoost classifier of feasibility (ran vs. out of memory or invalid).
 
 When the model knows its workload kind, it learns log throughput relative to the roofline
@@ -32,10 +35,13 @@ import xgboost as xgb
 from sklearn.base import BaseEstimator
 
 from cubic.proxy.features import OFFSET, feature_names
+from cubic.proxy.gp import KernelModel
 
 FORMAT = "cubic.proxy_model/1"
 OBJECTIVES = ("regression", "rank")
 OFFSETS = ("roofline", "fitted", "none", "auto")
+#: Fewest feasible rows for which the Gaussian process is fitted.
+GP_MIN_ROWS = 8
 
 
 def _version(package: str) -> str:
@@ -69,6 +75,8 @@ class ProxyModel(BaseEstimator):
         min_child_weight: float = 1.0,
         reg_lambda: float = 1.0,
         max_bin: int = 256,
+        gp_weight: float = 0.7,
+        gp_rows: int = 128,
         seed: int = 0,
         n_jobs: int = 1,
     ) -> None:
@@ -84,6 +92,8 @@ class ProxyModel(BaseEstimator):
         self.min_child_weight = min_child_weight
         self.reg_lambda = reg_lambda
         self.max_bin = max_bin
+        self.gp_weight = gp_weight
+        self.gp_rows = gp_rows
         self.seed = seed
         self.n_jobs = n_jobs
 
@@ -96,7 +106,9 @@ class ProxyModel(BaseEstimator):
             raise ValueError(f"offset must be one of {OFFSETS}, got {self.offset!r}")
         if self.kind is not None:
             feature_names(self.kind)  # raises on an unknown kind
-        for name in ("n_members", "n_estimators", "max_depth", "max_bin", "n_jobs"):
+        if not 0.0 <= float(self.gp_weight) <= 1.0:
+            raise ValueError("gp_weight must be in [0, 1]")
+        for name in ("n_members", "n_estimators", "max_depth", "max_bin", "n_jobs", "gp_rows"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("subsample", "colsample_bytree"):
@@ -217,6 +229,10 @@ class ProxyModel(BaseEstimator):
             self.calibration_ = (float(max(slope, 1e-6)), float(intercept))
         else:
             self.calibration_ = (1.0, 0.0)
+        self.gp_ = None
+        if float(self.gp_weight) > 0 and len(target) >= GP_MIN_ROWS:
+            newest = slice(max(0, len(target) - int(self.gp_rows)), None)
+            self.gp_ = KernelModel(self.seed).fit(Xf[newest], target[newest])
         self.n_train_ = len(y)
         self.n_feasible_ = int(ok.sum())
         self.p_feasible_ = float(feasible.mean())
@@ -255,14 +271,21 @@ class ProxyModel(BaseEstimator):
         return np.stack([np.asarray(b.inplace_predict(X), dtype=float) for b in self.members_])
 
     def predict_log(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of log throughput (natural log) over the ensemble."""
+        """Mean and standard deviation of log throughput (natural log): the boosters' mean
+        and spread, blended with the Gaussian process's mean and standard deviation."""
         self._check_fitted()
         X = self._check_X(X, fitted=True)
         if len(X) == 0:
             return np.zeros(0), np.zeros(0)
         slope, intercept = self.calibration_
         scores = self._member_scores(X) * slope + intercept
-        return scores.mean(axis=0) + self._offset(X), scores.std(axis=0)
+        mean, std = scores.mean(axis=0), scores.std(axis=0)
+        if self.gp_ is not None:
+            w = float(self.gp_weight)
+            gp_mean, gp_std = self.gp_.predict(X)
+            mean = (1.0 - w) * mean + w * gp_mean
+            std = np.sqrt((1.0 - w) * std**2 + w * gp_std**2)
+        return mean + self._offset(X), std
 
     def predict(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, std)``: throughput (the trials' unit, e.g. tokens/s) and its uncertainty.
@@ -307,6 +330,7 @@ class ProxyModel(BaseEstimator):
             "offset_coef": list(self.offset_coef_),
             "members": [_booster_json(b) for b in self.members_],
             "classifier": None if self.classifier_ is None else _booster_json(self.classifier_),
+            "gp": None if self.gp_ is None else self.gp_.save(),
         }
 
     @classmethod
@@ -334,6 +358,8 @@ class ProxyModel(BaseEstimator):
         model.members_ = [_booster_from_json(m, model.n_jobs) for m in data["members"]]
         clf = data.get("classifier")
         model.classifier_ = None if clf is None else _booster_from_json(clf, model.n_jobs)
+        gp = data.get("gp")
+        model.gp_ = None if gp is None else KernelModel.load(gp)
         return model
 
 
