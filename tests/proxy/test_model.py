@@ -94,6 +94,7 @@ def test_save_load_round_trip_is_exact_and_json() -> None:
     assert doc["params"]["max_depth"] == model.max_depth
     assert len(doc["members"]) == model.n_members and doc["classifier"] is not None
     assert json.loads(doc["members"][0])["learner"]  # XGBoost's own JSON model
+    assert len(doc["gp"]["Z"]) == min(model.gp_rows, feasible.sum())  # its newest rows
     loaded = ProxyModel.load(doc)
     _, Xt, _, _ = measured(wl, 500, 5)
     for a, b in zip(model.predict(Xt), loaded.predict(Xt), strict=True):
