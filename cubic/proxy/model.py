@@ -184,11 +184,15 @@ class ProxyModel(BaseEstimator):
         y: Any,
         feasible: Any,
         groups: Any = None,
+        gp_group: Any = None,
     ) -> ProxyModel:
         """Fit on trials: ``y`` is throughput (NaN where infeasible), ``feasible`` a bool mask.
 
         ``groups`` (one id per row, e.g. the study) keeps pairwise ranking inside a study;
-        the regression ignores it. Needs at least two feasible rows.
+        the regression ignores it. Rows are taken to be in the order they finished. The
+        Gaussian process learns one study, the one whose configurations the model will
+        rank: ``gp_group``, or the only group there is; from rows of several studies and no
+        ``gp_group``, the trees alone are fitted. Needs at least two feasible rows.
         """
         self._check_params()
         X = self._check_X(X, fitted=False)
@@ -230,8 +234,15 @@ class ProxyModel(BaseEstimator):
         else:
             self.calibration_ = (1.0, 0.0)
         self.gp_ = None
-        if float(self.gp_weight) > 0 and len(target) >= GP_MIN_ROWS:
-            newest = slice(max(0, len(target) - int(self.gp_rows)), None)
+        raw = None if groups is None else np.asarray(groups).reshape(-1)[ok]
+        if gp_group is not None and raw is not None:
+            mine = np.flatnonzero(raw.astype(str) == str(gp_group))
+        elif raw is None or len(np.unique(raw.astype(str))) == 1:
+            mine = np.arange(len(target))
+        else:
+            mine = np.zeros(0, dtype=np.int64)
+        if float(self.gp_weight) > 0 and len(mine) >= GP_MIN_ROWS:
+            newest = mine[-int(self.gp_rows) :]
             self.gp_ = KernelModel(self.seed).fit(Xf[newest], target[newest])
         self.n_train_ = len(y)
         self.n_feasible_ = int(ok.sum())

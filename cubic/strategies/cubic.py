@@ -358,7 +358,7 @@ class CubicStrategy(Strategy):
             n_estimators=self.n_estimators,
             seed=self.seed or 0,
         )
-        return model.fit(X, y, feas, groups)
+        return model.fit(X, y, feas, groups, gp_group=0)  # group 0: this study's trials
 
     def _transfer_ready(self) -> bool:
         """Whether the prior alone gives a proxy that ranks configs well (cached).

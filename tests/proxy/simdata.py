@@ -49,3 +49,14 @@ def _measured(wl: Workload, n: int, seed: int) -> Any:
     feasible = result.feasible.copy()
     y = np.where(feasible, result.throughput, np.nan)
     return configs, featurize(wl, configs), y, feasible
+
+
+def stacked(
+    parts: list[tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(X, y, feasible)`` of several :func:`measured` samples, one after another."""
+    return (
+        np.vstack([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+    )

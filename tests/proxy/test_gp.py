@@ -11,7 +11,7 @@ from scipy import stats
 from cubic.proxy.gp import KernelModel
 from cubic.proxy.model import GP_MIN_ROWS, ProxyModel
 from cubic.proxy.quality import cross_validate
-from tests.proxy.simdata import measured, workload
+from tests.proxy.simdata import measured, stacked, workload
 
 
 def _smooth(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,3 +94,18 @@ def test_blend_ranks_held_out_trials_better_than_the_trees_alone() -> None:
     }
     print(f"\npooled CV Kendall tau: trees {taus[0.0]:.3f}, blend {taus[0.7]:.3f}")
     assert taus[0.7] > taus[0.0] + 0.02
+
+
+def test_learns_only_the_study_it_ranks() -> None:
+    """Trees learn every study of the kind; the GP only ``gp_group`` (or the only group)."""
+    parts = [
+        measured(workload("llama3_8b", num_gpus=16), 40, 1),
+        measured(workload("llama3_70b"), 120, 1),
+    ]
+    X, y, feasible = stacked(parts)
+    groups = np.repeat(["this", "other"], [40, 120])
+    assert ProxyModel(kind="llm").fit(X, y, feasible, groups).gp_ is None
+    model = ProxyModel(kind="llm").fit(X, y, feasible, groups, gp_group="this")
+    mine = X[:40][feasible[:40]]
+    assert len(model.gp_.gp_.X_train_) == len(mine)
+    np.testing.assert_allclose(model.gp_.mu_, mine[:, model.gp_.keep_].mean(axis=0))

@@ -12,7 +12,7 @@ from sklearn.base import clone
 
 from cubic.proxy.features import OFFSET, feature_names
 from cubic.proxy.model import FORMAT, ProxyModel, select_objective
-from tests.proxy.simdata import measured, workload
+from tests.proxy.simdata import measured, stacked, workload
 
 
 def _synthetic(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,9 +126,7 @@ def test_throughput_is_learned_relative_to_the_roofline() -> None:
 def test_rank_objective_and_selection() -> None:
     w8, w70 = workload("llama3_8b", num_gpus=16), workload("llama3_70b")
     parts = [measured(w8, 200, 1), measured(w70, 200, 1)]
-    X = np.vstack([p[1] for p in parts])
-    y = np.concatenate([p[2] for p in parts])
-    feasible = np.concatenate([p[3] for p in parts])
+    X, y, feasible = stacked(parts)
     groups = np.repeat([8, 70], 200)
     ranker = ProxyModel(kind="llm", objective="rank").fit(X, y, feasible, groups)
     mean, std = ranker.predict(X)

@@ -11,7 +11,7 @@ import pytest
 
 from cubic.proxy.model import ProxyModel
 from cubic.proxy.quality import cross_validate, evaluate
-from tests.proxy.simdata import measured, workload
+from tests.proxy.simdata import measured, stacked, workload
 
 
 def _cv(preset: str, n: int, seed: int = 0) -> dict:
@@ -59,9 +59,7 @@ def test_transfers_to_a_larger_cluster_of_another_gpu() -> None:
         measured(workload("llama3_8b", num_gpus=16), 300, 1),
         measured(workload("llama3_70b"), 300, 1),
     ]
-    X = np.vstack([t[1] for t in train])
-    y = np.concatenate([t[2] for t in train])
-    feasible = np.concatenate([t[3] for t in train])
+    X, y, feasible = stacked(train)
     groups = np.repeat([1, 2], 300)
     model = ProxyModel(kind="llm").fit(X, y, feasible, groups)
     _, Xt, yt, ft = measured(workload("llama3_70b", "h200", 128), 500, 2)
