@@ -2,7 +2,7 @@
 
 Trained on measured trials only, it lets a strategy rank many candidate configurations for
 the price of a prediction and spend real GPU time on the few it expects to be fast and to
-fit in memory. Three parts:
+fit in memory. Four parts:
 
 * an ensemble of XGBoost regressors of log throughput (each on a random subsample of rows
   and columns, with its own seed); the spread of their predictions is the uncertainty a
@@ -11,8 +11,9 @@ fit in memory. Three parts:
   in place of the regressors, mapped back to log throughput by a linear fit, for data where
   ordering configurations matters more than predicting their speed;
 * a Gaussian process over the same features (:mod:`cubic.proxy.gp`), fitted on the newest
-  ``gp_rows`` trials and blended into the mean with weight ``gp_weight``: the trees alone
-  tie configurations that fall in one leaf, which with a few dozen trials is most of them;
+  ``gp_rows`` trials of the study it ranks and blended into the mean with weight
+  ``gp_weight``: the trees alone tie configurations that fall in one leaf, which with a few
+  dozen trials is most of them;
 * an XGBoost classifier of feasibility (ran vs. out of memory or invalid).
 
 When the model knows its workload kind, it learns log throughput relative to the roofline
