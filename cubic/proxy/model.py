@@ -235,13 +235,7 @@ class ProxyModel(BaseEstimator):
         else:
             self.calibration_ = (1.0, 0.0)
         self.gp_ = None
-        raw = None if groups is None else np.asarray(groups).reshape(-1)[ok]
-        if gp_group is not None and raw is not None:
-            mine = np.flatnonzero(raw.astype(str) == str(gp_group))
-        elif raw is None or len(np.unique(raw.astype(str))) == 1:
-            mine = np.arange(len(target))
-        else:
-            mine = np.zeros(0, dtype=np.int64)
+        mine = _study_rows(groups, g, ok, gp_group)
         if float(self.gp_weight) > 0 and len(mine) >= GP_MIN_ROWS:
             newest = mine[-int(self.gp_rows) :]
             self.gp_ = KernelModel(self.seed).fit(Xf[newest], target[newest])
@@ -385,6 +379,16 @@ def _booster_from_json(text: str, n_jobs: int) -> xgb.Booster:
     booster.load_model(bytearray(text.encode()))
     booster.set_param({"nthread": int(n_jobs)})
     return booster
+
+
+def _study_rows(groups: Any, codes: np.ndarray, ok: np.ndarray, gp_group: Any) -> np.ndarray:
+    """Positions, among the feasible rows ``ok``, of the study the GP learns: ``gp_group``,
+    else the only group; none when several groups and no ``gp_group`` are given."""
+    if gp_group is not None and groups is not None:
+        return np.flatnonzero(np.asarray(groups).astype(str).reshape(-1)[ok] == str(gp_group))
+    if len(np.unique(codes[ok])) == 1:
+        return np.arange(int(ok.sum()))
+    return np.zeros(0, dtype=np.int64)
 
 
 def _group_codes(groups: Any) -> np.ndarray:

@@ -27,9 +27,8 @@ def test_drops_constant_and_copied_columns_and_interpolates() -> None:
     model = KernelModel().fit(X, t)
     assert model.keep_.tolist() == [0, 1, 2]
     Xt, tt = _smooth(300, 1)
-    mean, std = model.predict(Xt)
+    mean, _ = model.predict(Xt)
     assert stats.kendalltau(mean, tt).statistic > 0.9
-    assert np.all(std >= 0)
     # Less sure away from the data than at a measured row.
     far = np.array([[3.0, 3.0, 3.0, 7.0, 7.0]])
     assert model.predict(far)[1][0] > 5 * model.predict(X[:1])[1][0]
