@@ -40,6 +40,7 @@ class GPU:
     nvlink_latency_us: float = 3.0
     nic_latency_us: float = 10.0
     price_per_hour: float = 2.0
+    nvlink_domain: int | None = None
     source: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -54,6 +55,22 @@ class GPU:
     @property
     def has_fp8(self) -> bool:
         return "fp8" in self.peak_tflops
+
+    def capabilities(self, gpus_per_node: int | None = None) -> dict[str, Any]:
+        """What a search space's expressions may ask of the hardware (``when: "has_fp8"``).
+
+        ``nvlink_domain`` is the number of GPUs one NVLink fabric joins: the node unless the
+        catalogue says otherwise (an NVL72 rack joins 72).
+        """
+        node = gpus_per_node or self.gpus_per_node
+        return {
+            "gpu": self.name,
+            "hbm_gb": self.hbm_gb,
+            "has_fp8": self.has_fp8,
+            "nvlink_domain": self.nvlink_domain or node,
+            "host_mem_gb": self.host_mem_gb_per_node,
+            "peak_bf16_tflops": self.peak_tflops["bf16"],
+        }
 
     @property
     def hbm_bytes(self) -> float:

@@ -189,8 +189,7 @@ class Workload:
             "gpus_per_node": self.cluster.gpus_per_node,
             "nodes": self.cluster.nodes,
             "global_batch": self.training.global_batch,
-            "hbm_gb": self.gpu.hbm_gb,
-            "has_fp8": self.gpu.has_fp8,
+            **self.gpu.capabilities(self.cluster.gpus_per_node),
         }
         m = self.model
         if isinstance(m, LLM):

@@ -219,6 +219,15 @@ def feature_names(kind: str) -> list[str]:
     return _for_kind(kind, _LLM_NAMES, _DLRM_NAMES)
 
 
+def hardware_ok(workload: Workload, X: np.ndarray) -> np.ndarray:
+    """Whether each config (feature rows ``X``) uses only what the GPU has: no FP8 GEMM
+    site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16)."""
+    names = feature_names(workload.kind)
+    if workload.gpu.has_fp8 or "fp8_sites" not in names:
+        return np.ones(len(X), dtype=bool)
+    return X[:, names.index("fp8_sites")] == 0
+
+
 def featurize(workload: Workload, configs: Configs) -> np.ndarray:
     """Feature matrix (n_configs x len(feature_names(kind))) of ``configs`` on ``workload``.
 

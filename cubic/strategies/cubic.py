@@ -38,7 +38,10 @@ from cubic.strategies.base import Proposal, Strategy, config_key
 from cubic.study import ResolvedStudy
 from cubic.workload import Workload
 
+from cubic.strategies.candidates import Candidates, plausible
+
 if TYPE_CHECKING:  # XGBoost loads only when a model is fitted: the API starts faster
+    from cubic.proxy.memory import MemoryModel
     from cubic.proxy.model import ProxyModel
 
 Prior = Sequence[tuple[Workload, Trial]]
@@ -73,6 +76,8 @@ class CubicStrategy(Strategy):
         error_prior: float = 1.0,
         offset: str = "auto",
         borrowed_radius: float = 3.0,
+        memory_slack: float = 0.15,
+        memory_power: float = 1.0,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -94,31 +99,77 @@ class CubicStrategy(Strategy):
         self.error_prior = error_prior
         self.offset = offset
         self.borrowed_radius = borrowed_radius
+        self.memory_slack = memory_slack
+        self.memory_power = memory_power
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
-        self._random_pool: (
-            tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray, np.ndarray] | None
-        ) = None
+        self._base: tuple[Candidates, np.ndarray] | None = None
+        self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
         kind = self.study.workload.kind
         self.prior = [(wl, t) for wl, t in prior if wl.kind == kind]
 
-    def _fits_estimate(self, X: np.ndarray) -> np.ndarray:
-        """Whether the back-of-envelope memory estimate (a proxy feature: weights, gradients,
-        optimizer state and activations per GPU over HBM) leaves the study's headroom free.
+    # feasibility first -------------------------------------------------------------------
+    @property
+    def _limit(self) -> float:
+        return 1.0 - self.study.spec.constraints.memory_headroom
 
-        It is the arithmetic an engineer does before launching a job; measured outcomes
-        then teach the proxy's feasibility classifier the rest.
-        """
-        from cubic.proxy.features import feature_names
+    def _candidates(self) -> tuple[Candidates, np.ndarray]:
+        """The study's plausible configs (:mod:`cubic.strategies.candidates`) and their
+        positions in knob-rank space; built once."""
+        if self._base is None:
+            base = plausible(
+                self.study.workload,
+                self.study.space,
+                limit=self._limit,
+                slack=self.memory_slack,
+                want=4 * self.pool_size,
+            )
+            pos = self.positions(base.arrays) if len(base) else np.zeros((0, len(self._grids)))
+            self._base = (base, pos)
+        return self._base
 
-        names = feature_names(self.study.workload.kind)
-        if "memory_ratio" not in names:
-            return np.ones(len(X), dtype=bool)
-        limit = 1.0 - self.study.spec.constraints.memory_headroom
-        return X[:, names.index("memory_ratio")] <= limit
+    def _memory_model(self, history: Sequence[Trial]) -> MemoryModel:
+        """The memory estimate corrected by this study's reports (refitted as trials finish).
+
+        It is the arithmetic an engineer does before launching a job, checked against what
+        the jobs measured: a config it says does not fit is never proposed."""
+        done = [t for t in history if t.is_finished]
+        if self._memory is None or self._memory[0] != len(done):
+            from cubic.proxy.features import featurize
+            from cubic.proxy.memory import MemoryModel, is_oom, reported_peak_bytes
+
+            useful = [t for t in done if reported_peak_bytes(t.metrics) is not None or is_oom(t)]
+            X = (
+                featurize(self.study.workload, [t.params for t in useful])
+                if useful
+                else np.zeros((0, 0))
+            )
+            base = self._candidates()[0]
+            ref = base.X if len(base) >= 16 else None
+            model = MemoryModel(self.study.workload, limit=self._limit).fit(X, useful, ref)
+            self._memory = (len(done), model, self._check(model, base.X))
+        return self._memory[1]
+
+    def _check(self, model: MemoryModel, X: np.ndarray) -> np.ndarray:
+        from cubic.proxy.features import hardware_ok
+
+        if len(X) == 0:
+            return np.zeros(0, dtype=bool)
+        return hardware_ok(self.study.workload, X) & model.fits(X)
+
+    def _base_runnable(self, history: Sequence[Trial]) -> np.ndarray:
+        """:meth:`_runnable` of every plausible config (cached with the memory model)."""
+        self._memory_model(history)
+        assert self._memory is not None
+        return self._memory[2]
+
+    def _runnable(self, history: Sequence[Trial], X: np.ndarray) -> np.ndarray:
+        """Whether each config (feature rows) runs on the GPU and fits by the corrected
+        estimate."""
+        return self._check(self._memory_model(history), X)
 
     def _within_bounds(self, history: Sequence[Trial], N: np.ndarray) -> np.ndarray:
         """Whether each candidate's predicted numerical-error score respects the study's bound.
@@ -227,49 +278,49 @@ class CubicStrategy(Strategy):
     def _space_filling(
         self, history: Sequence[Trial], n: int, seen: set[str], rng: np.random.Generator
     ) -> list[Proposal]:
-        space, ctx = self.study.space, self.context
+        base, base_pos = self._candidates()
         # A modest pool: max-min spacing over a huge one picks extreme corners, which are
         # the configs most likely to run out of memory or break a bound.
-        pool = space.sample_arrays(rng, self.warmup_pool or max(64, 8 * n), ctx)
-        configs = space.from_arrays(pool)
-        from cubic.proxy.features import featurize, numerics
-
-        fits = self._fits_estimate(featurize(self.study.workload, pool))
-        N = numerics(self.study.workload, pool)
-        predicted, seen_sites = self._error_model(history, N)
-        safe = fits & self._respects_bound(predicted)
-        keep = [i for i, c in enumerate(configs) if config_key(c) not in seen]
-        for ok in (safe, fits):  # skip configs the estimates already rule out
-            if sum(ok[keep]) >= n:
-                keep = [i for i in keep if ok[i]]
-                break
-        if not keep:
-            return self.fill_random(history, [], n, seen)
-        pos = self.positions(pool)[keep]
+        size = self.warmup_pool or max(64, 8 * n)
+        fresh = np.array([k not in seen for k in base.keys], dtype=bool)
+        ok = fresh & self._base_runnable(history)
+        predicted, seen_sites = self._error_model(history, base.N)
+        safe = ok & self._respects_bound(predicted)
+        # Fewer safe configs than asked: those that fit; none left that fits: the closest
+        # misses (the space has nothing runnable left to try).
+        mask = safe if safe.sum() >= n else ok if ok.any() else fresh
+        rows = np.flatnonzero(mask)
+        if len(rows) > size:
+            rows = np.sort(rng.choice(rows, size, replace=False))
+        if not len(rows):
+            return []
+        pool = base.take(rows)
+        pos = base_pos[rows]
         taken = [t.params for t in history]
-        anchor = self.positions(space.to_arrays(taken)) if taken else np.zeros((0, pos.shape[1]))
+        anchor = (
+            self.positions(self.study.space.to_arrays(taken))
+            if taken
+            else np.zeros((0, pos.shape[1]))
+        )
         dist = (
-            np.full(len(keep), np.inf)
+            np.full(len(rows), np.inf)
             if len(anchor) == 0
             else np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1)
         )
         # A site whose cost no trial has measured yet is tried by one trial at a time.
-        sites = N[keep] > 0
+        sites = pool.N > 0
         untested = self._untested_sites(history, seen_sites)
         out: list[Proposal] = []
-        for _ in range(min(n, len(keep))):
+        for _ in range(min(n, len(rows))):
             blocked = (sites & untested).any(axis=1)
             live = np.where(blocked & (dist >= 0), -0.5, dist)
             j = int(np.argmax(live + rng.random(len(dist)) * 1e-6))
             if live[j] < 0:
                 break
-            out.append(Proposal(configs[keep[j]], {"phase": "warm-up"}))
+            out.append(Proposal(pool.configs[j], {"phase": "warm-up"}))
             untested |= sites[j] & ~seen_sites
             dist = np.minimum(dist, np.abs(pos - pos[j]).sum(axis=1))
             dist[j] = -1.0
-        if len(out) < n:
-            taken_keys = seen | {config_key(p.params) for p in out}
-            return self.fill_random(history, out, n, taken_keys)
         return out
 
     def _value(self, t: Trial) -> tuple[float | None, bool]:
@@ -402,30 +453,6 @@ class CubicStrategy(Strategy):
         return float(np.mean(taus)) if taus else 0.0
 
     # candidates and the acquisition ---------------------------------------------------------
-    def _random_part(
-        self, rng: np.random.Generator
-    ) -> tuple[list[dict[str, Any]], list[str], np.ndarray, np.ndarray, np.ndarray]:
-        """Uniform random valid configs with their keys, features, positions and reduced-
-        precision sites (cached:
-        they depend only on the space and the workload)."""
-        if self._random_pool is None:
-            from cubic.proxy.features import featurize, numerics
-
-            space, ctx = self.study.space, self.context
-            arrays = space.sample_arrays(rng, self.pool_size, ctx)
-            configs = space.from_arrays(arrays)
-            keys = [config_key(c) for c in configs]
-            first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
-            arrays = {k: v[first] for k, v in arrays.items()}
-            self._random_pool = (
-                [configs[i] for i in first],
-                [keys[i] for i in first],
-                featurize(self.study.workload, arrays),
-                self.positions(arrays),
-                numerics(self.study.workload, arrays),
-            )
-        return self._random_pool
-
     def _mutants(
         self, history: Sequence[Trial], m: int, rng: np.random.Generator
     ) -> dict[str, np.ndarray]:
@@ -471,14 +498,17 @@ class CubicStrategy(Strategy):
     def _pool(
         self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
     ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray]:
-        """Candidates never tried (random, mutations of the best, TPE's proposals) with their
-        features, positions and reduced-precision sites."""
+        """Runnable candidates never tried (plausible configs, mutations of the best, TPE's
+        proposals) with their features, positions and reduced-precision sites."""
         from cubic.proxy.features import featurize, numerics
 
-        configs, keys, X, pos, N = self._random_part(rng)
-        keep = [i for i, k in enumerate(keys) if k not in seen]
+        base, base_pos = self._candidates()
+        fresh = np.array([k not in seen for k in base.keys], dtype=bool)
+        rows = np.flatnonzero(fresh & self._base_runnable(history))
+        if len(rows) > self.pool_size:
+            rows = np.sort(rng.choice(rows, self.pool_size, replace=False))
         extra: list[Proposal] = []
-        taken = set(seen) | {keys[i] for i in keep}
+        taken = set(seen) | {base.keys[i] for i in rows}
         space = self.study.space
         mutants = self._mutants(history, max(200, self.pool_size // 5), rng)
         for cfg in space.from_arrays(mutants) if mutants else []:
@@ -494,16 +524,20 @@ class CubicStrategy(Strategy):
                 if k not in taken:
                     taken.add(k)
                     extra.append(p)
-        pool = [configs[i] for i in keep] + [p.params for p in extra]
-        if not extra:
-            return pool, X[keep], pos[keep], N[keep]
-        ex = self.study.space.to_arrays([p.params for p in extra])
-        return (
-            pool,
-            np.concatenate([X[keep], featurize(self.study.workload, ex)]),
-            np.concatenate([pos[keep], self.positions(ex)]),
-            np.concatenate([N[keep], numerics(self.study.workload, ex)]),
-        )
+        pool = [base.configs[i] for i in rows]
+        X, pos, N = base.X[rows], base_pos[rows], base.N[rows]
+        if extra:
+            ex = space.to_arrays([p.params for p in extra])
+            Xe = featurize(self.study.workload, ex)
+            ok = self._runnable(history, Xe)  # what the arithmetic rules out, never tried
+            keep = np.flatnonzero(ok)
+            if len(keep):
+                ex = {k: v[keep] for k, v in ex.items()}
+                pool += [extra[i].params for i in keep]
+                X = np.concatenate([X, Xe[keep]])
+                pos = np.concatenate([pos, self.positions(ex)])
+                N = np.concatenate([N, numerics(self.study.workload, ex)])
+        return pool, X, pos, N
 
     def _guided(
         self, history: Sequence[Trial], n: int, seen: set[str], rng: np.random.Generator
@@ -512,13 +546,18 @@ class CubicStrategy(Strategy):
         if model is None:
             return self._space_filling(history, n, seen, rng)
         pool, X, pos, N = self._pool(history, seen, rng)
-        if not pool:
-            return self.fill_random(history, [], n, seen)
+        if not pool:  # every runnable config has been tried
+            return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
+        p_fit = self._memory_model(history).p_fit(X)
         ucb = mu + self.kappa * sd
-        score = np.exp(ucb - ucb.max()) * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-        likely = (p >= self.min_feasible) & self._fits_estimate(X) & self._within_bounds(history, N)
+        score = (
+            np.exp(ucb - ucb.max())
+            * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+        )
+        likely = (p >= self.min_feasible) & self._within_bounds(history, N)
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
         # Before this study has measured anything, the ranking is borrowed from other

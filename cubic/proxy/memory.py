@@ -1,0 +1,184 @@
+"""Will a configuration fit in GPU memory? The arithmetic estimate, corrected per study.
+
+The proxy's features hold the back-of-envelope peak memory per GPU an engineer computes
+before launching a job (weights, gradients, optimizer state and activations over the
+shards): :func:`estimate_ratio` reads it as a share of HBM. It is right to a few per cent
+on average but errs by layout (how a framework keeps buffers, fragmentation, what it
+frees early), so :class:`MemoryModel` learns a per-study correction from what the jobs
+themselves report:
+
+* a complete job may report its measured peak (``peak_memory_gb`` in 10^9 bytes, or
+  ``peak_memory_gib``; PyTorch's ``torch.cuda.max_memory_allocated``): an observation of
+  the estimate's error at that config;
+* an out-of-memory job says the config needs more than the HBM (or than what it reported
+  needing): a lower bound, used where the fit would otherwise call that config a fit.
+
+The correction is a Bayesian linear model of ``log(measured / estimate)`` over the
+standardised features, with a prior that keeps it near zero until data say otherwise, so
+a handful of trials shift the whole region they stand for (one OOM at ZeRO-1, tp=4 moves
+every similar config) and its predictive spread gives each candidate a probability of
+fitting. Learned attributes end in ``_``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cubic.proxy.features import feature_names
+from cubic.runners.contract import OOM_RE
+from cubic.store.objects import Trial, TrialState
+from cubic.workload import Workload
+
+GIB = 2.0**30
+
+
+def reported_peak_bytes(metrics: Mapping[str, Any] | None) -> float | None:
+    """The peak memory per GPU a job reported, in bytes (``peak_memory_gib`` or ``_gb``)."""
+    if not metrics:
+        return None
+    for key, unit in (("peak_memory_gib", GIB), ("peak_memory_gb", 1e9)):
+        v = metrics.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            return float(v) * unit
+    return None
+
+
+def is_oom(trial: Trial) -> bool:
+    """Whether an infeasible trial ran out of memory (rather than being invalid)."""
+    if trial.state != TrialState.INFEASIBLE:
+        return False
+    return bool(OOM_RE.search(trial.error or "") or OOM_RE.search(trial.log_tail or ""))
+
+
+def estimate_ratio(kind: str, X: np.ndarray) -> np.ndarray:
+    """The uncorrected estimate of peak memory per GPU over HBM, from feature rows ``X``."""
+    names = feature_names(kind)
+    if "memory_ratio" not in names:
+        return np.zeros(len(X))
+    return np.maximum(X[:, names.index("memory_ratio")], 1e-9)
+
+
+class MemoryModel:
+    """The memory estimate of one study, corrected by its own jobs' reports.
+
+    ``prior_sd`` is the spread of the estimate's log error before any report (the analytical
+    model is within about 5 % on published runs); ``noise_sd`` the scatter of one
+    measurement around the model; ``limit`` the share of HBM a config may use (one minus
+    the study's headroom).
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        limit: float = 1.0,
+        prior_sd: float = 0.06,
+        noise_sd: float = 0.01,
+        oom_margin: float = 0.01,
+    ) -> None:
+        self.workload = workload
+        self.limit = limit
+        self.prior_sd = prior_sd
+        self.noise_sd = noise_sd
+        self.oom_margin = oom_margin
+        self.n_measured_ = 0
+        self.n_oom_ = 0
+        self.center_: np.ndarray | None = None
+        self.scale_: np.ndarray | None = None
+        self.mean_: np.ndarray | None = None
+        self.cov_: np.ndarray | None = None
+
+    # -- fitting ---------------------------------------------------------------------------
+    def _design(self, X: np.ndarray) -> np.ndarray:
+        assert self.center_ is not None and self.scale_ is not None
+        Z = (X - self.center_) / self.scale_
+        return np.concatenate([np.ones((len(X), 1)), np.clip(Z, -5.0, 5.0)], axis=1)
+
+    def _posterior(self, A: np.ndarray, r: np.ndarray) -> None:
+        d = A.shape[1]
+        # Half the prior spread on the offset, half shared among the feature weights.
+        prior_var = np.full(d, 0.5 * self.prior_sd**2 / max(1, d - 1))
+        prior_var[0] = 0.5 * self.prior_sd**2
+        precision = np.diag(1.0 / prior_var) + A.T @ A / self.noise_sd**2
+        self.cov_ = np.linalg.inv(precision)
+        self.mean_ = self.cov_ @ (A.T @ r) / self.noise_sd**2
+
+    def fit(
+        self, X: np.ndarray, trials: Sequence[Trial], reference: np.ndarray | None = None
+    ) -> MemoryModel:
+        """Learn the correction from ``trials`` (finished trials of this study) whose feature
+        rows are ``X``; trials with nothing to say are ignored. ``reference`` (feature rows
+        of candidates, say) sets the scale the features are standardised on; by default the
+        trials' own. Returns self."""
+        if len(X) != len(trials):
+            raise ValueError(f"X has {len(X)} rows for {len(trials)} trials")
+        hbm = self.workload.gpu.hbm_bytes
+        est = estimate_ratio(self.workload.kind, X) if len(X) else np.zeros(0)
+        rows, targets, bounds = [], [], []
+        for i, t in enumerate(trials):
+            peak = reported_peak_bytes(t.metrics)
+            if t.state == TrialState.COMPLETE and peak is not None:
+                rows.append(i)
+                targets.append(math.log(peak / hbm / est[i]))
+            elif is_oom(t):
+                need = max(hbm, peak or 0.0) * (1.0 + self.oom_margin)
+                bounds.append((i, math.log(need / hbm / est[i])))
+        self.n_measured_, self.n_oom_ = len(rows), len(bounds)
+        d = X.shape[1] if X.ndim == 2 else 0
+        if not rows and not bounds:
+            self.center_ = np.zeros(d)
+            self.scale_ = np.ones(d)
+            self.mean_ = self.cov_ = None
+            return self
+        ref = X[[*rows, *(i for i, _ in bounds)]] if reference is None else reference
+        self.center_ = ref.mean(axis=0)
+        spread = ref.std(axis=0)
+        self.scale_ = np.where(spread > 1e-9, spread, np.inf)  # constant columns drop out
+        A_all = self._design(X)
+        A = A_all[rows]
+        r = np.asarray(targets, dtype=float)
+        self._posterior(A, r)
+        # An OOM whose config the fit still calls a fit is a lower bound it must respect:
+        # add it as an observation at the bound, and refit (twice is enough in practice).
+        for _ in range(3):
+            low = [(i, b) for i, b in bounds if float(A_all[i] @ self.mean_) < b]
+            if not low:
+                break
+            A = np.concatenate([A, A_all[[i for i, _ in low]]])
+            r = np.concatenate([r, [b for _, b in low]])
+            bounds = [(i, b) for i, b in bounds if (i, b) not in low]
+            self._posterior(A, r)
+        return self
+
+    # -- prediction ------------------------------------------------------------------------
+    def log_error(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sd) of log(true / estimate) at each row of ``X``."""
+        if self.mean_ is None or self.cov_ is None:
+            return np.zeros(len(X)), np.full(len(X), self.prior_sd)
+        A = self._design(X)
+        var = np.sum((A @ self.cov_) * A, axis=1) + self.noise_sd**2
+        return A @ self.mean_, np.sqrt(var)
+
+    def ratio(self, X: np.ndarray) -> np.ndarray:
+        """Corrected peak memory per GPU over HBM."""
+        est = estimate_ratio(self.workload.kind, X)
+        if self.mean_ is None:
+            return est
+        return est * np.exp(self._design(X) @ self.mean_)
+
+    def p_fit(self, X: np.ndarray) -> np.ndarray:
+        """Probability that each config's peak stays within ``limit`` of HBM."""
+        from scipy.special import ndtr
+
+        mean, sd = self.log_error(X)
+        est = estimate_ratio(self.workload.kind, X)
+        z = (math.log(self.limit) - np.log(est) - mean) / sd
+        return ndtr(z)
+
+    def fits(self, X: np.ndarray) -> np.ndarray:
+        """Whether the corrected estimate keeps each config within ``limit`` of HBM."""
+        return self.ratio(X) <= self.limit

@@ -1,0 +1,181 @@
+"""Feasibility-first candidates: the valid configs of a study that arithmetic says may run.
+
+On the largest models nine configs in ten of a full space run out of memory, and a search
+that draws candidates blindly spends its trials finding that out. So candidates are drawn
+from the configs that (a) obey the space's rules, (b) use only what the GPU has (no FP8
+GEMM on a GPU without FP8) and (c) fit in memory by the arithmetic estimate, with some
+slack so that a per-study correction (:class:`cubic.proxy.memory.MemoryModel`) can move
+the line either way. However rare they are: a finite space is enumerated outright (its
+vectorised enumeration and features make 10^6 configs a second or two), and any other is
+sampled in growing batches. The result depends only on the workload, the space and the
+limit, so it is built once per study and shared (bounded cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cubic.proxy.features import featurize, hardware_ok, numerics
+from cubic.proxy.memory import estimate_ratio
+from cubic.space import Space
+from cubic.strategies.base import config_key
+from cubic.workload import Workload
+
+ENUMERATE_LIMIT = 5_000_000
+"""Enumerate a finite space whose grid product is at most this; sample any other."""
+MAX_DRAWS = 2_000_000
+"""Valid configs a sampled space examines at most to find plausible ones."""
+CHUNK = 200_000
+_CACHE: OrderedDict[str, Candidates] = OrderedDict()
+_CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Configs with their struct-of-arrays, features, reduced-precision sites and the
+    uncorrected memory estimate (share of HBM); ``valid`` counts the valid configs they were
+    chosen from and ``exhaustive`` says whether those were the whole space."""
+
+    configs: list[dict[str, Any]]
+    keys: list[str]
+    arrays: dict[str, np.ndarray]
+    X: np.ndarray
+    N: np.ndarray
+    estimate: np.ndarray
+    valid: int
+    exhaustive: bool
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def take(self, rows: np.ndarray) -> Candidates:
+        rows = np.asarray(rows, dtype=int)
+        return Candidates(
+            [self.configs[i] for i in rows],
+            [self.keys[i] for i in rows],
+            {k: v[rows] for k, v in self.arrays.items()},
+            self.X[rows],
+            self.N[rows],
+            self.estimate[rows],
+            self.valid,
+            self.exhaustive,
+        )
+
+
+def grid_product(space: Space) -> float:
+    """An upper bound on a finite space's size (inf for a continuous one)."""
+    total = 1.0
+    for p in space.parameters:
+        if not p.is_finite:
+            return math.inf
+        total *= len(p.grid())
+    return total
+
+
+def _key(workload: Workload, space: Space, limit: float, slack: float, want: int) -> str:
+    doc = json.dumps(
+        [workload.to_dict(), space.to_dict(), limit, slack, want], sort_keys=True, default=str
+    )
+    return hashlib.sha1(doc.encode()).hexdigest()
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+
+
+def plausible(
+    workload: Workload,
+    space: Space,
+    *,
+    limit: float = 1.0,
+    slack: float = 0.15,
+    want: int = 40_000,
+    seed: int = 0,
+) -> Candidates:
+    """Up to ``want`` valid configs that run on the hardware and whose estimated peak is at
+    most ``limit * (1 + slack)`` of HBM, chosen uniformly among all such configs.
+
+    When none passes, the configs with the smallest estimates are returned instead (the
+    caller decides what to do about a space that cannot fit)."""
+    key = _key(workload, space, limit, slack, want)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    ctx = workload.context()
+    rng = np.random.default_rng(seed)
+    bound = limit * (1.0 + slack)
+    kept: list[dict[str, np.ndarray]] = []
+    kept_est: list[np.ndarray] = []
+    smallest: tuple[dict[str, np.ndarray], np.ndarray] | None = None
+    n_kept = examined = 0
+    exhaustive = grid_product(space) <= ENUMERATE_LIMIT
+
+    def consider(arrays: dict[str, np.ndarray]) -> None:
+        nonlocal n_kept, examined, smallest
+        n = len(next(iter(arrays.values()))) if arrays else 0
+        if n == 0:
+            return
+        examined += n
+        X = featurize(workload, arrays)
+        est = estimate_ratio(workload.kind, X)
+        ok = hardware_ok(workload, X) & (est <= bound)
+        if ok.any():
+            rows = np.flatnonzero(ok)
+            kept.append({k: v[rows] for k, v in arrays.items()})
+            kept_est.append(est[rows])
+            n_kept += len(rows)
+        elif not kept:  # remember the closest misses
+            order = np.argsort(est)[:256]
+            cand = ({k: v[order] for k, v in arrays.items()}, est[order])
+            if smallest is None:
+                smallest = cand
+            else:
+                both = _concat([smallest[0], cand[0]])
+                e = np.concatenate([smallest[1], cand[1]])
+                o = np.argsort(e)[:256]
+                smallest = ({k: v[o] for k, v in both.items()}, e[o])
+
+    if exhaustive:
+        everything = space.enumerate_arrays(ctx)
+        total = len(next(iter(everything.values()))) if everything else 0
+        for start in range(0, total, CHUNK):
+            consider({k: v[start : start + CHUNK] for k, v in everything.items()})
+    else:
+        batch = 20_000
+        while n_kept < want and examined < MAX_DRAWS:
+            consider(space.sample_arrays(rng, batch, ctx))
+            batch = min(CHUNK, batch * 2)
+    if kept:
+        arrays, est = _concat(kept), np.concatenate(kept_est)
+    elif smallest is not None:
+        arrays, est = smallest
+    else:
+        arrays, est = {}, np.zeros(0)
+    n = len(est)
+    if n > want:  # a uniform subset, deterministic for the study
+        rows = np.sort(rng.choice(n, want, replace=False))
+        arrays, est = {k: v[rows] for k, v in arrays.items()}, est[rows]
+    configs = space.from_arrays(arrays) if n else []
+    keys = [config_key(c) for c in configs]
+    if not exhaustive and configs:  # sampled with replacement: keep each config once
+        first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+        arrays = {k: v[first] for k, v in arrays.items()}
+        configs, keys, est = [configs[i] for i in first], [keys[i] for i in first], est[first]
+    if configs:
+        X = featurize(workload, arrays)
+        N = numerics(workload, arrays)
+    else:
+        X = np.zeros((0, 0))
+        N = np.zeros((0, 0))
+    out = Candidates(configs, keys, arrays, X, N, est, examined, exhaustive)
+    _CACHE[key] = out
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return out
