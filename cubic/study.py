@@ -103,6 +103,10 @@ class StudySpec(_Spec):
     max_retries: int = Field(2, ge=0, le=100)
     baseline: dict[str, Any] | None = None
     job: JobSpec | None = Field(None, description="the real job; the simulated runner needs none")
+    allow_unfit: bool = Field(
+        False,
+        description="create the study even when the memory estimate says no config fits",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -95,6 +95,8 @@ class Tuner:
         resolved = spec.resolve(base)
         if resolved.spec.strategy.name == "grid" and not resolved.space.is_finite:
             raise InvalidInput("strategy 'grid' needs a finite space", field="strategy.name")
+        if not spec.allow_unfit:
+            _refuse_unfit(resolved)
         stored = resolved.spec.model_dump(mode="json")
         study = self.store.create_study(
             spec.name, stored, resolved.workload.kind, max_attempts=spec.max_attempts
@@ -409,3 +411,14 @@ class Tuner:
                 vals = objective_values(spec, t.metrics)
                 v = vals[0] if vals else None
             yield t, v
+
+
+def _refuse_unfit(resolved: ResolvedStudy) -> None:
+    """Refuse a study whose space holds no config that the memory estimate says fits: it
+    would spend its whole budget finding that out."""
+    from cubic.strategies.candidates import survey, unfit_reason
+
+    limit = 1.0 - resolved.spec.constraints.memory_headroom
+    reason = unfit_reason(survey(resolved.workload, resolved.space, limit=limit), resolved.workload)
+    if reason is not None:
+        raise InvalidInput(reason, field="space")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from cubic.hardware import get_gpu
 from cubic.space import Space, SpaceError, validate_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +26,9 @@ LLM_CONTEXT = {
     "kv_heads": 8,
     "seq_len": 8192,
     "hidden": 8192,
+    **get_gpu("h100_sxm").capabilities(8),
 }
-DLRM_CONTEXT = {"num_gpus": 64, "gpus_per_node": 8}
+DLRM_CONTEXT = {"num_gpus": 64, "gpus_per_node": 8, **get_gpu("h100_sxm").capabilities(8)}
 
 SMALL: dict[str, Any] = {
     "name": "small",
@@ -566,7 +568,7 @@ def test_llm_space_encodes_megatron_rules() -> None:
         "pp * vp must divide the number of layers": {"pp": 16, "vp": 2, "cp": 1, "tp": 4},
         "tp must divide the number of attention heads": {"heads": 36},
         "tp and the number of KV heads must divide one another": {"kv_heads": 12, "heads": 96},
-        "tensor parallelism must stay within one node": {"gpus_per_node": 4},
+        "tensor parallelism must stay within one NVLink domain": {"nvlink_domain": 4},
         "context parallelism splits the sequence": {"seq_len": 8190},
         "micro_batch * dp must divide the global batch": {"global_batch": 1020, "micro_batch": 8},
         "the interleaved schedule (vp > 1) needs": {"global_batch": 2, "micro_batch": 2},
@@ -596,7 +598,7 @@ def test_dlrm_space_conditions_and_choices() -> None:
     assert set(arrays["lossy_error_bound"][lossy].tolist()) == {0.001, 0.01, 0.05}
     assert set(arrays["lossy_error_bound"][~lossy].tolist()) == {0.0}
     assert np.array_equal(arrays["global_batch"], 64 * arrays["batch_per_gpu"])
-    single_node = space.enumerate_arrays({"num_gpus": 8, "gpus_per_node": 8})
+    single_node = space.enumerate_arrays({**DLRM_CONTEXT, "num_gpus": 8, "gpus_per_node": 8})
     assert 0 < len(single_node["pipeline_sparse"]) < len(arrays["pipeline_sparse"])
     for name in ("sharding_large", "sharding_medium", "sharding_small"):
         assert "table_row_wise" in arrays[name]
@@ -641,10 +643,27 @@ def test_llm_size_matches_a_brute_force_count_of_the_parallel_layout() -> None:
         param_gather = 2 if z >= 1 else 1
         expected += sp_choices * param_gather * 3 * 2 * 2**5  # recompute, grad overlap, fp8
     assert space.size(LLM_CONTEXT) == expected
+    # On a GPU without FP8 the five FP8 sites are not knobs: a 32nd of the configs remain.
+    a100 = {**LLM_CONTEXT, **get_gpu("a100_80gb").capabilities(8)}
+    assert space.size(a100) == expected // 2**5
+    assert not any(c["fp8_qkv"] for c in space.sample(np.random.default_rng(0), 200, a100))
+
+
+def test_shipped_spaces_name_the_hardware() -> None:
+    llm, dlrm = Space.from_yaml(LLM_FILE), Space.from_yaml(DLRM_FILE)
+    assert {"has_fp8", "nvlink_domain"} <= llm.context_names
+    assert "has_fp8" in dlrm.context_names
+    # A domain wider than the node (an NVL72 rack) admits tp=8 on 4-GPU nodes.
+    narrow = {**LLM_CONTEXT, "gpus_per_node": 4, "nvlink_domain": 4}
+    wide = {**narrow, "nvlink_domain": 72}
+    cfg = {**llm.sample(np.random.default_rng(0), 1, LLM_CONTEXT)[0], "tp": 8, "pp": 1, "cp": 1}
+    cfg = llm.complete({k: cfg[k] for k in llm.names if k != "vp"}, LLM_CONTEXT)
+    assert any("NVLink" in r for r in llm.validate(cfg, narrow))
+    assert not any("NVLink" in r for r in llm.validate(cfg, wide))
 
 
 def test_validate_file_checks_the_context(tmp_path: Path) -> None:
-    with pytest.raises(SpaceError, match=rf"^{LLM_FILE}: unknown name\(s\) 'heads'"):
+    with pytest.raises(SpaceError, match=rf"^{LLM_FILE}: unknown name\(s\) 'heads':"):
         validate_file(LLM_FILE, {k: v for k, v in LLM_CONTEXT.items() if k != "heads"})
     path = tmp_path / "typed.yaml"
     path.write_text(

@@ -219,6 +219,13 @@ def feature_names(kind: str) -> list[str]:
     return _for_kind(kind, _LLM_NAMES, _DLRM_NAMES)
 
 
+def knows_knobs(kind: str, names: Sequence[str]) -> bool:
+    """Whether a space names any knob of the kind's vocabulary: only then do the features'
+    arithmetic (memory, bytes moved) say anything about its configs."""
+    defaults = LLM_DEFAULTS if kind == "llm" else DLRM_DEFAULTS
+    return any(n in defaults for n in names)
+
+
 def hardware_ok(workload: Workload, X: np.ndarray) -> np.ndarray:
     """Whether each config (feature rows ``X``) uses only what the GPU has: no FP8 GEMM
     site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16)."""

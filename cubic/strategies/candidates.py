@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from cubic.proxy.features import featurize, hardware_ok, numerics
+from cubic.proxy.features import featurize, hardware_ok, knows_knobs, numerics
 from cubic.proxy.memory import estimate_ratio
 from cubic.space import Space
 from cubic.strategies.base import config_key
@@ -33,7 +33,7 @@ ENUMERATE_LIMIT = 5_000_000
 MAX_DRAWS = 2_000_000
 """Valid configs a sampled space examines at most to find plausible ones."""
 CHUNK = 200_000
-_CACHE: OrderedDict[str, Candidates] = OrderedDict()
+_CACHE: OrderedDict[str, Survey] = OrderedDict()
 _CACHE_SIZE = 8
 
 
@@ -90,7 +90,43 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
 
 
-def plausible(
+@dataclass(frozen=True)
+class Survey:
+    """What the arithmetic says of a study's whole space: how many valid configs it has
+    (``valid``; all of them when ``exhaustive``, else those examined), how many run on the
+    hardware, how many of those fit by the memory estimate, the smallest estimate and its
+    config, and per knob the smallest estimate each of its values allows."""
+
+    candidates: Candidates
+    valid: int
+    exhaustive: bool
+    on_hardware: int
+    fit: int
+    limit: float
+    min_estimate: float
+    min_config: dict[str, Any] | None
+    knob_minima: dict[str, dict[Any, float]]
+
+    @property
+    def fit_share(self) -> float:
+        return self.fit / self.valid if self.valid else 0.0
+
+    def helpful_knob(self) -> tuple[str, Any, float, Any, float] | None:
+        """(knob, best value, its smallest estimate, worst value, its smallest estimate) of
+        the knob whose choice moves memory most."""
+        best: tuple[float, tuple[str, Any, float, Any, float]] | None = None
+        for name, minima in self.knob_minima.items():
+            if len(minima) < 2:
+                continue
+            lo = min(minima, key=lambda v: minima[v])
+            hi = max(minima, key=lambda v: minima[v])
+            gain = minima[hi] / max(minima[lo], 1e-12)
+            if best is None or gain > best[0]:
+                best = (gain, (name, lo, minima[lo], hi, minima[hi]))
+        return None if best is None else best[1]
+
+
+def survey(
     workload: Workload,
     space: Space,
     *,
@@ -98,12 +134,9 @@ def plausible(
     slack: float = 0.15,
     want: int = 40_000,
     seed: int = 0,
-) -> Candidates:
-    """Up to ``want`` valid configs that run on the hardware and whose estimated peak is at
-    most ``limit * (1 + slack)`` of HBM, chosen uniformly among all such configs.
-
-    When none passes, the configs with the smallest estimates are returned instead (the
-    caller decides what to do about a space that cannot fit)."""
+) -> Survey:
+    """Scan the space once (enumerated when finite and not huge, else sampled) for
+    :func:`plausible` and for a study's feasibility check (cached per study)."""
     key = _key(workload, space, limit, slack, want)
     if key in _CACHE:
         _CACHE.move_to_end(key)
@@ -114,18 +147,32 @@ def plausible(
     kept: list[dict[str, np.ndarray]] = []
     kept_est: list[np.ndarray] = []
     smallest: tuple[dict[str, np.ndarray], np.ndarray] | None = None
-    n_kept = examined = 0
+    n_kept = examined = on_hw = n_fit = 0
+    minima: dict[str, dict[Any, float]] = {
+        p.name: {} for p in space.parameters if p.is_finite and len(p.grid()) <= 64
+    }
     exhaustive = grid_product(space) <= ENUMERATE_LIMIT
+    known = knows_knobs(workload.kind, space.names)
 
     def consider(arrays: dict[str, np.ndarray]) -> None:
-        nonlocal n_kept, examined, smallest
+        nonlocal n_kept, examined, smallest, on_hw, n_fit
         n = len(next(iter(arrays.values()))) if arrays else 0
         if n == 0:
             return
         examined += n
         X = featurize(workload, arrays)
-        est = estimate_ratio(workload.kind, X)
-        ok = hardware_ok(workload, X) & (est <= bound)
+        hw = hardware_ok(workload, X)
+        est = estimate_ratio(workload.kind, X) if known else np.zeros(n)
+        est = np.where(hw, est, np.inf)
+        on_hw += int(hw.sum())
+        n_fit += int((est <= limit).sum())
+        for name, table in minima.items():
+            values, inverse = np.unique(arrays[name], return_inverse=True)
+            low = np.full(len(values), np.inf)
+            np.minimum.at(low, inverse.ravel(), est)
+            for v, m in zip(space[name].to_python(values), low.tolist(), strict=True):
+                table[v] = min(table.get(v, np.inf), m)
+        ok = est <= bound
         if ok.any():
             rows = np.flatnonzero(ok)
             kept.append({k: v[rows] for k, v in arrays.items()})
@@ -159,10 +206,15 @@ def plausible(
     else:
         arrays, est = {}, np.zeros(0)
     n = len(est)
+    low = int(np.argmin(est)) if n else -1
+    min_config = (
+        space.from_arrays({k: v[low : low + 1] for k, v in arrays.items()})[0] if n else None
+    )
+    min_estimate = float(est[low]) if n else float("inf")
     if n > want:  # a uniform subset, deterministic for the study
         rows = np.sort(rng.choice(n, want, replace=False))
         arrays, est = {k: v[rows] for k, v in arrays.items()}, est[rows]
-    configs = space.from_arrays(arrays) if n else []
+    configs = space.from_arrays(arrays) if len(est) else []
     keys = [config_key(c) for c in configs]
     if not exhaustive and configs:  # sampled with replacement: keep each config once
         first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
@@ -174,8 +226,64 @@ def plausible(
     else:
         X = np.zeros((0, 0))
         N = np.zeros((0, 0))
-    out = Candidates(configs, keys, arrays, X, N, est, examined, exhaustive)
+    out = Survey(
+        candidates=Candidates(configs, keys, arrays, X, N, est, examined, exhaustive),
+        valid=examined,
+        exhaustive=exhaustive,
+        on_hardware=on_hw,
+        fit=n_fit,
+        limit=limit,
+        min_estimate=min_estimate,
+        min_config=min_config,
+        knob_minima={k: v for k, v in minima.items() if v},
+    )
     _CACHE[key] = out
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return out
+
+
+def plausible(
+    workload: Workload,
+    space: Space,
+    *,
+    limit: float = 1.0,
+    slack: float = 0.15,
+    want: int = 40_000,
+    seed: int = 0,
+) -> Candidates:
+    """Up to ``want`` valid configs that run on the hardware and whose estimated peak is at
+    most ``limit * (1 + slack)`` of HBM, chosen uniformly among all such configs.
+
+    When none passes, the configs with the smallest estimates are returned instead (the
+    caller decides what to do about a space that cannot fit)."""
+    return survey(workload, space, limit=limit, slack=slack, want=want, seed=seed).candidates
+
+
+def unfit_reason(survey: Survey, workload: Workload) -> str | None:
+    """Why no config of the space fits by the memory estimate (None when some do), with the
+    smallest estimate and the knob whose choice moves memory most."""
+    if survey.fit > 0 or survey.valid == 0:
+        return None
+    gpu = workload.gpu
+    allowed = survey.limit * gpu.hbm_gb
+    if not survey.on_hardware:
+        return f"no valid configuration of the space runs on {gpu.name}"
+    cfg = survey.min_config or {}
+    shown = ", ".join(f"{k}={v}" for k, v in cfg.items() if k in survey.knob_minima)
+    msg = (
+        f"no configuration of the space fits in memory by the estimate: the smallest needs "
+        f"{survey.min_estimate * gpu.hbm_gb:.1f} GiB per GPU ({shown}) against "
+        f"{allowed:.1f} GiB allowed on {gpu.name}"
+    )
+    knob = survey.helpful_knob()
+    if knob is not None:
+        name, lo, m_lo, hi, m_hi = knob
+        msg += (
+            f"; {name} moves memory most ({name}={lo}: {m_lo * gpu.hbm_gb:.1f} GiB at best, "
+            f"{name}={hi}: {m_hi * gpu.hbm_gb:.1f} GiB)"
+        )
+    return (
+        msg + "; widen the space, add GPUs or choose a GPU with more memory, or set "
+        "allow_unfit: true to create the study anyway"
+    )

@@ -35,10 +35,9 @@ import numpy as np
 from cubic.objectives import objective_values, violations
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
+from cubic.strategies.candidates import Candidates, plausible
 from cubic.study import ResolvedStudy
 from cubic.workload import Workload
-
-from cubic.strategies.candidates import Candidates, plausible
 
 if TYPE_CHECKING:  # XGBoost loads only when a model is fitted: the API starts faster
     from cubic.proxy.memory import MemoryModel
@@ -154,11 +153,14 @@ class CubicStrategy(Strategy):
         return self._memory[1]
 
     def _check(self, model: MemoryModel, X: np.ndarray) -> np.ndarray:
-        from cubic.proxy.features import hardware_ok
+        from cubic.proxy.features import hardware_ok, knows_knobs
 
         if len(X) == 0:
             return np.zeros(0, dtype=bool)
-        return hardware_ok(self.study.workload, X) & model.fits(X)
+        ok = hardware_ok(self.study.workload, X)
+        if knows_knobs(self.study.workload.kind, self.study.space.names):
+            ok &= model.fits(X)
+        return ok
 
     def _base_runnable(self, history: Sequence[Trial]) -> np.ndarray:
         """:meth:`_runnable` of every plausible config (cached with the memory model)."""
@@ -290,12 +292,28 @@ class CubicStrategy(Strategy):
         # misses (the space has nothing runnable left to try).
         mask = safe if safe.sum() >= n else ok if ok.any() else fresh
         rows = np.flatnonzero(mask)
-        if len(rows) > size:
-            rows = np.sort(rng.choice(rows, size, replace=False))
-        if not len(rows):
+        out: list[Proposal] = []
+        # A modest pool first; if its rows run out (a site no trial has measured yet is
+        # tried by one trial at a time), a wider one.
+        for width in (size, 32 * size):
+            pick = rows if len(rows) <= width else np.sort(rng.choice(rows, width, replace=False))
+            out = self._spread(history, base.take(pick), base_pos[pick], n, rng, seen_sites)
+            if len(out) >= n or len(pick) == len(rows):
+                break
+        return out
+
+    def _spread(
+        self,
+        history: Sequence[Trial],
+        pool: Candidates,
+        pos: np.ndarray,
+        n: int,
+        rng: np.random.Generator,
+        seen_sites: np.ndarray,
+    ) -> list[Proposal]:
+        """Greedy max-min picks in knob-rank space, away from every trial so far."""
+        if not len(pool):
             return []
-        pool = base.take(rows)
-        pos = base_pos[rows]
         taken = [t.params for t in history]
         anchor = (
             self.positions(self.study.space.to_arrays(taken))
@@ -303,15 +321,14 @@ class CubicStrategy(Strategy):
             else np.zeros((0, pos.shape[1]))
         )
         dist = (
-            np.full(len(rows), np.inf)
+            np.full(len(pool), np.inf)
             if len(anchor) == 0
             else np.abs(pos[:, None, :] - anchor[None, :, :]).sum(-1).min(axis=1)
         )
-        # A site whose cost no trial has measured yet is tried by one trial at a time.
         sites = pool.N > 0
         untested = self._untested_sites(history, seen_sites)
         out: list[Proposal] = []
-        for _ in range(min(n, len(rows))):
+        for _ in range(min(n, len(pool))):
             blocked = (sites & untested).any(axis=1)
             live = np.where(blocked & (dist >= 0), -0.5, dist)
             j = int(np.argmax(live + rng.random(len(dist)) * 1e-6))
@@ -545,12 +562,16 @@ class CubicStrategy(Strategy):
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
+        from cubic.proxy.features import knows_knobs
+
         pool, X, pos, N = self._pool(history, seen, rng)
         if not pool:  # every runnable config has been tried
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
         p_fit = self._memory_model(history).p_fit(X)
+        if not knows_knobs(self.study.workload.kind, self.study.space.names):
+            p_fit = np.ones(len(X))
         ucb = mu + self.kappa * sd
         score = (
             np.exp(ucb - ucb.max())

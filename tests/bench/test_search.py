@@ -31,6 +31,8 @@ from cubic.store.objects import Trial, TrialState
 from cubic.strategies import REGISTRY
 from cubic.strategies.samplers import RandomStrategy
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.parametrize("fixture", ["llm_study", "dlrm_study"])
 def test_optimum_is_the_brute_force_maximum(fixture: str, request: pytest.FixtureRequest) -> None:
@@ -218,17 +220,34 @@ def test_seeds_parse_ranges_and_lists() -> None:
     assert parse_seeds(None) == [0, 1, 2, 3, 4]
 
 
-def test_shipped_benchmark_studies_are_non_trivial() -> None:
+def test_shipped_benchmark_studies_use_the_full_spaces_and_the_largest_models() -> None:
+    from cubic.space import Space
+
+    shipped = {
+        name: Space.from_yaml(ROOT / "search_spaces" / f"{name}.yaml").to_dict()
+        for name in ("llm_pretrain", "dlrm_sharding")
+    }
     files = default_studies()
-    assert len(files) >= 4
-    kinds = []
+    hard_gpus, big_dlrm, kinds = set(), 0, []
     for f in files:
         study = load_study(f)
         info = landscape(study, f)
+        wl = study.workload
         kinds.append(info.kind)
+        assert study.space.to_dict() in shipped.values(), f"{f}: not a full shipped space"
         assert 1_000 <= info.size <= 1_000_000, f
-        assert 0.10 <= info.infeasible_share <= 0.60, f
+        assert 0.10 <= info.infeasible_share < 1.0, f
         assert info.baseline_ratio is not None and info.baseline_ratio < 0.95, f
         assert study.spec.constraints.memory_headroom == 0.05
         assert study.spec.budget.max_trials == 64 and study.spec.budget.max_parallel == 8
-    assert kinds.count("llm") >= 2 and kinds.count("dlrm") >= 2
+        if (
+            info.kind == "llm"
+            and wl.model.params() >= 100e9
+            and wl.cluster.num_gpus >= 128
+            and info.infeasible_share >= 0.90
+        ):
+            hard_gpus.add(wl.cluster.gpu.split("_")[0])
+        big_dlrm += info.kind == "dlrm" and wl.cluster.num_gpus >= 64
+    assert len(hard_gpus) >= 3, hard_gpus  # 100B+ LLMs on 128+ GPUs of three kinds
+    assert big_dlrm >= 1
+    assert kinds.count("llm") >= 5 and kinds.count("dlrm") >= 3

@@ -126,11 +126,11 @@ def test_error_bound_is_learned_per_site_and_extrapolated_in_the_lossy_bound() -
     from cubic.proxy.features import numerics
 
     study = _study("dlrm_dcnv2_h100x64")
-    # At most two sites at once in this space (an FP8 bottom MLP and a reduced-precision
-    # exchange); a prior of twice the bound shared by two makes each untested site alone
-    # worth the whole bound.
-    strategy = CubicStrategy(study, seed=0, error_prior=2.0)
-    assert strategy._max_sites() == 2
+    # At most four sites at once in the full space (three FP8 dense sites and a reduced-
+    # precision exchange); a prior of four times the bound shared by four makes each
+    # untested site alone worth the whole bound.
+    strategy = CubicStrategy(study, seed=0, error_prior=4.0)
+    assert strategy._max_sites() == 4
     base = study.space.complete(
         {k: v for k, v in study.spec.baseline.items() if k in study.space.names}, study.context
     )
