@@ -181,12 +181,19 @@ class CubicStrategy(Strategy):
         switches on, so a non-negative least-squares fit on those columns learns each site's
         cost from a handful of trials (this study's and, since the score depends on the knobs
         alone, other studies' of the same kind). A site whose cost the measurements leave open
-        is assumed to cost ``error_prior`` times the bound at its most aggressive setting: by
-        default it may be tried alone, never on top of another site, until it is measured.
+        is assumed to cost ``error_prior`` times the bound at its most aggressive setting, and
+        a config switches on at most one site no trial has measured yet: each is tried alone
+        (so that a trial that breaks the bound blames one site) until it is measured.
         """
         if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
             return np.ones(len(N), dtype=bool)
-        return self._respects_bound(self._error_model(history, N)[0])
+        predicted, seen = self._error_model(history, N)
+        return self._respects_bound(predicted) & self._one_new_site(N, seen)
+
+    @staticmethod
+    def _one_new_site(N: np.ndarray, seen: np.ndarray) -> np.ndarray:
+        """Whether each config switches on at most one site that no measured trial has."""
+        return ((N > 0) & ~seen).sum(axis=1) <= 1
 
     def _respects_bound(self, predicted: np.ndarray) -> np.ndarray:
         bound = self.study.spec.constraints.max_error_score
@@ -288,6 +295,8 @@ class CubicStrategy(Strategy):
         ok = fresh & self._base_runnable(history)
         predicted, seen_sites = self._error_model(history, base.N)
         safe = ok & self._respects_bound(predicted)
+        if self.study.spec.constraints.max_error_score is not None and base.N.shape[1]:
+            safe &= self._one_new_site(base.N, seen_sites)
         # Fewer safe configs than asked: those that fit; none left that fits: the closest
         # misses (the space has nothing runnable left to try).
         mask = safe if safe.sum() >= n else ok if ok.any() else fresh
