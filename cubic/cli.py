@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cubic.errors import CubicError
+from cubic.errors import CubicError, InvalidInput
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -84,18 +84,36 @@ def _redact(url: str) -> str:
 def spaces_validate(
     file: Path,
     workload: Annotated[
-        str | None, typer.Option(help="workload name or file, to count the valid configs")
+        str | None,
+        typer.Option(help="workload name or file: count the valid configs and those that fit"),
     ] = None,
+    headroom: Annotated[
+        float, typer.Option(min=0.0, max=0.99, help="share of HBM kept free")
+    ] = 0.05,
 ) -> None:
-    """Check a search-space file; with --workload, also count its valid configurations."""
+    """Check a search-space file; with --workload, also count its valid configurations and
+    the share the memory estimate says fit on the workload's GPUs."""
     from cubic.space import validate_file
     from cubic.workload import get_workload
 
-    ctx = get_workload(workload).context() if workload else None
+    wl = get_workload(workload) if workload else None
+    ctx = wl.context() if wl is not None else None
     space = validate_file(file, ctx)
     msg = f"{file}: ok, {len(space.names)} parameters"
-    if ctx is not None and space.is_finite:
-        msg += f", {space.size(ctx):,} valid configurations for {workload}"
+    if wl is not None:
+        from cubic.strategies.candidates import survey, unfit_reason
+
+        s = survey(wl, space, limit=1.0 - headroom)
+        counted = "valid configurations" if s.exhaustive else "valid configurations sampled"
+        msg += (
+            f"; {s.valid:,} {counted} for {workload}, {s.on_hardware / max(1, s.valid):.1%} "
+            f"run on {wl.cluster.gpu}, {s.fit_share:.1%} fit in memory by the estimate "
+            f"({headroom:.0%} headroom)"
+        )
+        reason = unfit_reason(s, wl)
+        if s.valid == 0 or reason is not None:
+            console.print(msg)
+            raise InvalidInput(reason or "the space has no valid configuration", field="space")
     console.print(msg)
 
 

@@ -39,6 +39,20 @@ def test_spaces_validate_ok_counts_configs() -> None:
     ).stdout
     assert "ok, 16 parameters" in out
     assert "valid configurations for llama3_70b" in out
+    assert "run on h100_sxm" in out and "fit in memory by the estimate (5% headroom)" in out
+
+
+def test_spaces_validate_refuses_a_space_where_nothing_fits(tmp_path: Path) -> None:
+    wl = tmp_path / "small.yaml"
+    wl.write_text("preset: llama3_405b\ncluster: {gpu: a100_40gb, num_gpus: 16}\n")
+    proc = cubic(
+        "spaces", "validate", str(SPACES / "llm_pretrain.yaml"), "--workload", str(wl),
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "0.0% fit in memory" in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert "GiB per GPU" in line and "allow_unfit" in line
 
 
 @pytest.mark.parametrize(

@@ -65,10 +65,11 @@ def estimate_ratio(kind: str, X: np.ndarray) -> np.ndarray:
 class MemoryModel:
     """The memory estimate of one study, corrected by its own jobs' reports.
 
-    ``prior_sd`` is the spread of the estimate's log error before any report (the analytical
-    model is within about 5 % on published runs); ``noise_sd`` the scatter of one
-    measurement around the model; ``limit`` the share of HBM a config may use (one minus
-    the study's headroom).
+    Before any report the estimate's log error has spread ``offset_sd`` in common to every
+    config (a framework that keeps more buffers than the arithmetic counts) and ``shape_sd``
+    that varies with the config (shared among the features); ``noise_sd`` is the scatter of
+    one measurement around the model and ``limit`` the share of HBM a config may use (one
+    minus the study's headroom).
     """
 
     def __init__(
@@ -76,13 +77,15 @@ class MemoryModel:
         workload: Workload,
         *,
         limit: float = 1.0,
-        prior_sd: float = 0.06,
+        offset_sd: float = 0.15,
+        shape_sd: float = 0.05,
         noise_sd: float = 0.01,
         oom_margin: float = 0.01,
     ) -> None:
         self.workload = workload
         self.limit = limit
-        self.prior_sd = prior_sd
+        self.offset_sd = offset_sd
+        self.shape_sd = shape_sd
         self.noise_sd = noise_sd
         self.oom_margin = oom_margin
         self.n_measured_ = 0
@@ -100,9 +103,8 @@ class MemoryModel:
 
     def _posterior(self, A: np.ndarray, r: np.ndarray) -> None:
         d = A.shape[1]
-        # Half the prior spread on the offset, half shared among the feature weights.
-        prior_var = np.full(d, 0.5 * self.prior_sd**2 / max(1, d - 1))
-        prior_var[0] = 0.5 * self.prior_sd**2
+        prior_var = np.full(d, self.shape_sd**2 / max(1, d - 1))
+        prior_var[0] = self.offset_sd**2
         precision = np.diag(1.0 / prior_var) + A.T @ A / self.noise_sd**2
         self.cov_ = np.linalg.inv(precision)
         self.mean_ = self.cov_ @ (A.T @ r) / self.noise_sd**2
@@ -158,7 +160,7 @@ class MemoryModel:
     def log_error(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sd) of log(true / estimate) at each row of ``X``."""
         if self.mean_ is None or self.cov_ is None:
-            return np.zeros(len(X)), np.full(len(X), self.prior_sd)
+            return np.zeros(len(X)), np.full(len(X), math.hypot(self.offset_sd, self.shape_sd))
         A = self._design(X)
         var = np.sum((A @ self.cov_) * A, axis=1) + self.noise_sd**2
         return A @ self.mean_, np.sqrt(var)

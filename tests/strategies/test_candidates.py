@@ -1,0 +1,95 @@
+"""Feasibility-first candidates, the space survey and the refusal of spaces that cannot fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from cubic.errors import InvalidInput
+from cubic.proxy.features import featurize, hardware_ok
+from cubic.proxy.memory import estimate_ratio
+from cubic.sim import simulate
+from cubic.store import Store
+from cubic.strategies.candidates import plausible, survey, unfit_reason
+from cubic.study import parse_spec
+from cubic.tuner import Tuner
+
+ROOT = Path(__file__).resolve().parents[2]
+LLM_SPACE = str(ROOT / "search_spaces" / "llm_pretrain.yaml")
+
+
+def _study(gpu: str, n: int, preset: str = "gpt3_175b", space: object = LLM_SPACE, **extra):
+    spec = {
+        "name": "c",
+        "workload": {"preset": preset, "cluster": {"gpu": gpu, "num_gpus": n}},
+        "space": space,
+        **extra,
+    }
+    return parse_spec(spec)
+
+
+def test_plausible_configs_are_valid_run_on_the_gpu_and_fit_by_the_estimate() -> None:
+    study = _study("a100_40gb", 256).resolve()
+    base = plausible(study.workload, study.space, limit=0.95, slack=0.15)
+    s = survey(study.workload, study.space, limit=0.95, slack=0.15)
+    assert base.exhaustive and s.exhaustive
+    assert 0 < len(base) < s.valid
+    assert all(not study.space.validate(c, study.context) for c in base.configs[:300])
+    assert np.all(base.estimate <= 0.95 * 1.15)
+    assert np.allclose(estimate_ratio("llm", featurize(study.workload, base.arrays)), base.estimate)
+    # The survey's count is the brute-force count over the whole space.
+    everything = study.space.enumerate_arrays(study.context)
+    est = estimate_ratio("llm", featurize(study.workload, everything))
+    assert s.valid == len(est) and s.fit == int(np.sum(est <= 0.95))
+    # Against the simulator: most of the space runs out of memory, most candidates do not.
+    true = simulate(study.workload, everything).peak_memory / study.workload.gpu.hbm_bytes
+    sim_true = simulate(study.workload, base.configs).peak_memory / study.workload.gpu.hbm_bytes
+    assert np.mean(true <= 1.0) < 0.2 and np.mean(sim_true <= 1.0) > 0.6
+
+
+def test_a_space_that_offers_fp8_on_a100_yields_no_fp8_candidate(tmp_path: Path) -> None:
+    """A user's space without the hardware condition: cubic still rules FP8 out on A100."""
+    doc = yaml.safe_load(Path(LLM_SPACE).read_text())
+    for name, p in doc["parameters"].items():
+        if name.startswith("fp8_"):
+            doc["parameters"][name] = {"type": "bool"}
+    path = tmp_path / "ungated.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    study = _study("a100_80gb", 128, space=str(path)).resolve()
+    base = plausible(study.workload, study.space, limit=0.95)
+    assert len(base) > 0
+    assert not any(c[k] for c in base.configs for k in c if k.startswith("fp8_"))
+    assert hardware_ok(study.workload, base.X).all()
+
+
+def test_a_space_with_no_config_that_fits_is_refused_with_the_smallest_estimate(
+    store: Store,
+) -> None:
+    spec = _study("a100_40gb", 16, preset="llama3_405b")
+    resolved = spec.resolve()
+    s = survey(resolved.workload, resolved.space, limit=0.95)
+    assert s.fit == 0 and s.valid > 0
+    reason = unfit_reason(s, resolved.workload)
+    assert reason is not None and "GiB per GPU" in reason and "allow_unfit" in reason
+    knob = s.helpful_knob()
+    assert knob is not None and knob[0] in resolved.space.names
+    tuner = Tuner(store)
+    with pytest.raises(InvalidInput, match="no configuration of the space fits") as err:
+        tuner.create_study(spec)
+    assert err.value.field == "space"
+    assert tuner.store.list_studies() == []  # nothing stored
+    # A user who knows better goes on.
+    forced = _study("a100_40gb", 16, preset="llama3_405b", allow_unfit=True)
+    assert tuner.create_study(forced).id > 0
+
+
+def test_a_space_that_fits_is_created_and_a_space_without_memory_knobs_is_not_judged(
+    store: Store,
+) -> None:
+    tuner = Tuner(store)
+    assert tuner.create_study(_study("h100_sxm", 256)).id > 0
+    toy = {"parameters": {"lr": {"type": "categorical", "choices": [1, 2, 3]}}}
+    assert tuner.create_study(_study("a100_40gb", 8, preset="llama3_405b", space=toy)).id > 0
