@@ -53,7 +53,7 @@ def test_plausible_configs_are_valid_run_on_the_gpu_and_fit_by_the_estimate() ->
 def test_a_space_that_offers_fp8_on_a100_yields_no_fp8_candidate(tmp_path: Path) -> None:
     """A user's space without the hardware condition: cubic still rules FP8 out on A100."""
     doc = yaml.safe_load(Path(LLM_SPACE).read_text())
-    for name, p in doc["parameters"].items():
+    for name in doc["parameters"]:
         if name.startswith("fp8_"):
             doc["parameters"][name] = {"type": "bool"}
     path = tmp_path / "ungated.yaml"
