@@ -11,24 +11,32 @@ constraint, enters as COMPLETE with the worst value seen so far *and* a positive
 constraint value: TPE and GP read a trial's constraints and put such trials in
 the bad group; the penalty value makes even constraint-blind samplers rank them last.
 A proposal that is not a valid config of the space (say ``tp*pp*cp`` does not divide the
-GPU count) is told the same way inside the round and asked again.
+GPU count), or one already tried, is repaired to the nearest valid config never tried (in
+knob-rank space, among a cached pool of valid configs) instead of asking the sampler again:
+each ask costs a model fit (a full GP fit for ``gp``), and on a space where most draws
+break a rule, asking until one passes costs tens of asks per proposal. The repaired config
+stays in the round's study as a running trial, so TPE's constant liar spreads the batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
+from cubic.space import SpaceError
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
+from cubic.study import ResolvedStudy
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -36,7 +44,14 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 class OptunaStrategy(Strategy):
     """Base for strategies that delegate to an Optuna sampler."""
 
-    max_tries_per_proposal = 40
+    def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
+        super().__init__(study, seed=seed, **options)
+        self._pool: tuple[list[dict[str, Any]], list[str], np.ndarray] | None = None
+
+    repair_pool = 20_000
+    max_asks: int | None = None
+    """Asks of the sampler per round (None: one per proposal); the rest of a batch are the
+    valid configs nearest to its draws."""
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         raise NotImplementedError
@@ -96,30 +111,80 @@ class OptunaStrategy(Strategy):
         seed = (self.seed or 0) * 1_000_003 + len(history)
         ostudy = optuna.create_study(directions=self._directions(), sampler=self.sampler(seed))
         ostudy.add_trials(self._frozen(history, dists))
-        done_values = [t.values for t in ostudy.trials if t.state == OptunaState.COMPLETE]
-        penalty = self._penalty([list(v) for v in done_values if v])
         seen = self.seen(history)
         ctx = self.context
         space = self.study.space
         proposals: list[Proposal] = []
-        for _ in range(n):
-            for _ in range(self.max_tries_per_proposal):
-                ot = ostudy.ask(dists)
-                cfg = space.complete(dict(ot.params), ctx)
-                key = config_key(cfg)
-                problems = space.validate(cfg, ctx)
-                if not problems and key not in seen:
-                    seen.add(key)
-                    proposals.append(Proposal(cfg))
-                    break  # stays RUNNING in the round's study: the liar spreads the batch
-                if problems:  # the sampler learns that this region is invalid
-                    ot.set_constraint("feasible", 1.0)
-                    ostudy.tell(ot, penalty)
-                else:  # a repeat of a known config: nothing new to learn, draw again
-                    ostudy.tell(ot, state=OptunaState.FAIL)
+        drawn: list[dict[str, Any]] = []
+        for i in range(n):
+            if self.max_asks is not None and i >= self.max_asks and drawn:
+                # The rest of the batch: the valid configs nearest to the sampler's draws.
+                cfg = self._nearest_valid(drawn[i % len(drawn)], seen)
+                if cfg is None:
+                    break
+                seen.add(config_key(cfg))
+                proposals.append(Proposal(cfg))
+                continue
+            ot = ostudy.ask(dists)
+            params = dict(ot.params)
+            drawn.append(params)
+            cfg: dict[str, Any] | None = None
+            try:
+                cfg = space.complete(params, ctx)
+            except SpaceError:
+                cfg = None
+            if cfg is None or space.validate(cfg, ctx) or config_key(cfg) in seen:
+                cfg = self._nearest_valid(params, seen)
+                ostudy.tell(ot, state=OptunaState.FAIL)  # the draw itself: nothing to learn
+                if cfg is None:
+                    break
+                active = {k: v for k, v in cfg.items() if k in dists and space[k].contains(v)}
+                with contextlib.suppress(ValueError):  # the repaired config runs instead
+                    ostudy.add_trial(
+                        optuna.trial.create_trial(
+                            state=OptunaState.RUNNING,
+                            params=active,
+                            distributions={k: dists[k] for k in active},
+                        )
+                    )
+            seen.add(config_key(cfg))
+            proposals.append(Proposal(cfg))  # stays RUNNING in the round's study
         # A converged sampler keeps drawing configs it has seen: explore next to the best.
         proposals = self.fill_neighbours(history, proposals, n, seen)
         return self.fill_random(history, proposals, n, seen)
+
+    def _valid_pool(self) -> tuple[list[dict[str, Any]], list[str], np.ndarray]:
+        """Valid configs to repair proposals with (sampled once), their keys and positions."""
+        if self._pool is None:
+            rng = np.random.default_rng(self.seed or 0)
+            arrays = self.study.space.sample_arrays(rng, self.repair_pool, self.context)
+            configs = self.study.space.from_arrays(arrays)
+            keys = [config_key(c) for c in configs]
+            first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+            arrays = {k: v[first] for k, v in arrays.items()}
+            self._pool = (
+                [configs[i] for i in first],
+                [keys[i] for i in first],
+                self.positions(arrays),
+            )
+        return self._pool
+
+    def _nearest_valid(self, params: dict[str, Any], seen: set[str]) -> dict[str, Any] | None:
+        """The valid config never tried that is nearest (L1 in knob ranks) to a draw."""
+        configs, keys, pos = self._valid_pool()
+        if not configs:
+            return None
+        space = self.study.space
+        point = {}
+        for p in space.parameters:
+            v = params.get(p.name, p.default)
+            if v is None or not p.contains(v):
+                v = p.to_python(p.grid())[0] if p.is_finite else p.low
+            point[p.name] = p.array([v])
+        dist = np.abs(pos - self.positions(point)).sum(axis=1)
+        dist[[i for i, k in enumerate(keys) if k in seen]] = np.inf
+        j = int(np.argmin(dist))
+        return None if not np.isfinite(dist[j]) else configs[j]
 
 
 class RandomStrategy(OptunaStrategy):
@@ -154,9 +219,18 @@ class TPEStrategy(OptunaStrategy):
 
 
 class GPStrategy(OptunaStrategy):
-    """Optuna's Gaussian-process sampler; needs PyTorch (``pip install 'cubic[gp]'``)."""
+    """Optuna's Gaussian-process sampler; needs PyTorch (``pip install 'cubic[gp]'``).
+
+    Each ask fits the GP and optimises its acquisition over every knob (seconds at a few
+    dozen trials), and the sampler has no batch mode (it ignores running trials, so eight
+    asks give one point eight times): a round asks twice, with a smaller acquisition search
+    than Optuna's default, and fills the batch with the valid configs nearest to those two.
+    """
 
     name = "gp"
+    max_asks = 2
+    preliminary_samples = 512
+    local_searches = 4
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         try:
@@ -167,10 +241,16 @@ class GPStrategy(OptunaStrategy):
             raise InvalidInput(
                 "strategy 'gp' needs PyTorch: pip install 'cubic[gp]'", field="strategy.name"
             ) from exc
-        return optuna.samplers.GPSampler(
-            seed=seed,
-            **self.options,
-        )
+        sampler = optuna.samplers.GPSampler(seed=seed, **self.options)
+        # Optuna exposes no option for the acquisition search's size; its two attributes
+        # are set where this version has them (else Optuna's defaults apply).
+        for attr, value in (
+            ("_n_preliminary_samples", self.preliminary_samples),
+            ("_n_local_search", self.local_searches),
+        ):
+            if isinstance(getattr(sampler, attr, None), int):
+                setattr(sampler, attr, value)
+        return sampler
 
 
 class QMCStrategy(OptunaStrategy):

@@ -177,9 +177,13 @@ def test_the_error_prior_shares_the_bound_among_the_sites_a_config_can_switch_on
     assert strategy._max_sites() == len(FP8_SITES)
     every = study.space.sample(np.random.default_rng(0), 256, study.context)
     N = numerics(study.workload, every)
-    # Untested, all five FP8 sites together are just within the bound; measured, a site
-    # costs what it measured.
-    assert strategy._within_bounds([], N).all()
+    # Untested, all five FP8 sites together are just within the bound by the prior...
+    predicted, seen = strategy._error_model([], N)
+    assert strategy._respects_bound(predicted).all() and not seen.any()
+    # ...but a config switches on at most one site no trial has measured.
+    sites = (N > 0).sum(axis=1)
+    assert np.array_equal(strategy._within_bounds([], N), sites <= 1)
+    assert (sites > 1).any() and (sites <= 1).any()
 
 
 def test_a_batch_ranked_only_by_other_workloads_is_spread_wider() -> None:
