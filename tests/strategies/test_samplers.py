@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cubic.store.objects import Trial, TrialState
-from cubic.strategies import make_strategy
+from cubic.strategies import config_key, make_strategy
 from cubic.study import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,3 +32,48 @@ def test_inactive_conditional_knobs_do_not_hide_trials_from_the_sampler() -> Non
     ]
     frozen = strategy._frozen(history, resolved.space.optuna_distributions())
     assert len(frozen) == len(history)
+
+
+def _bench(name: str, strategy: str):
+    spec, base = load_spec(ROOT / "search_spaces" / "bench" / f"{name}.study.yaml")
+    spec = spec.model_copy(
+        update={"strategy": spec.strategy.model_copy(update={"name": strategy, "seed": 0})}
+    )
+    return spec.resolve(base)
+
+
+@pytest.mark.parametrize(("name", "asks"), [("tpe", 8), ("qmc", 8), ("gp", 2)])
+def test_a_round_asks_the_sampler_once_per_proposal_at_most(name: str, asks: int) -> None:
+    """On a space where most draws break a rule (tp*pp*cp must divide 256, pp*vp the 126
+    layers...), a draw that breaks one is repaired to the nearest valid config: the sampler
+    is asked at most once per proposal, and every proposal is valid and new."""
+    if name == "gp":
+        pytest.importorskip("torch", reason="strategy 'gp' needs PyTorch")
+    study = _bench("llama3_405b_h200x256", name)
+    strategy = make_strategy(study)
+    rng = np.random.default_rng(1)
+    history = [
+        _trial(i, c, TrialState.COMPLETE, {"tokens_per_s": float(rng.uniform(1e4, 5e4))})
+        for i, c in enumerate(study.space.sample(rng, 16, study.context))
+    ]
+    calls = []
+    make = strategy.sampler
+
+    def counting(seed: int):
+        sampler = make(seed)
+        inner = sampler.sample_relative
+
+        def sample_relative(*args, **kwargs):
+            calls.append(1)
+            return inner(*args, **kwargs)
+
+        sampler.sample_relative = sample_relative
+        return sampler
+
+    strategy.sampler = counting
+    props = strategy.suggest(history, 8)
+    assert len(props) == 8
+    assert len(calls) <= asks
+    keys = {config_key(p.params) for p in props} | {config_key(t.params) for t in history}
+    assert len(keys) == 8 + len(history)
+    assert all(not study.space.validate(p.params, study.context) for p in props)
