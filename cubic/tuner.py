@@ -64,15 +64,15 @@ class Tuner:
     """Study operations over one store. Safe to use from many threads and processes."""
 
     def __init__(self, store: Store, *, background_fit: bool = False) -> None:
-        """``background_fit``: proxy models are fitted by a background retrainer (the
-        service), so proposing only loads the newest stored version and never fits on the
-        request path; otherwise (the CLI, the in-process demo) the strategy fits its own."""
+        """``background_fit``: a background thread (the service's) calls :meth:`prefit` as
+        trials finish, so that a lease usually finds the study's model already fitted. Either
+        way a strategy proposes with its own per-study model, fitted as in the benchmark: a
+        round that finds it stale fits it first rather than propose without it."""
         self.store = store
         self.background_fit = background_fit
         self._resolved: dict[int, ResolvedStudy] = {}
         self._strategies: dict[int, Strategy] = {}
         self._priors: dict[tuple[str, int], tuple[float, list[tuple[Workload, Trial]]]] = {}
-        self._proxies: dict[str, tuple[int, Any]] = {}
         self._local_locks: dict[int, threading.Lock] = {}
         self._local_guard = threading.Lock()
 
@@ -230,10 +230,26 @@ class Tuner:
         if getattr(strategy, "accepts_prior", False):
             kind = self.resolved(study_id).workload.kind
             strategy.set_prior(self._prior(kind, study_id))
-            if self.background_fit:
-                strategy.allow_fit = False
-                strategy.proxy = self._latest_proxy(kind)
         return strategy
+
+    def prefit(self, study_ids: Sequence[int] | None = None) -> list[int]:
+        """Fit ahead of demand the models of running studies whose strategy fits its own
+        (those this process has proposed for); returns the ids of those refitted."""
+        fitted = []
+        for sid in list(self._strategies) if study_ids is None else study_ids:
+            strategy = self._strategies.get(sid)
+            if strategy is None or not hasattr(strategy, "prefit"):
+                continue
+            try:
+                if self.store.get_study(sid).state != StudyState.RUNNING:
+                    continue
+                kind = self.resolved(sid).workload.kind
+                strategy.set_prior(self._prior(kind, sid))
+                if strategy.prefit(self.store.list_trials(sid)):
+                    fitted.append(sid)
+            except CubicError:
+                continue  # a study gone or unreadable: the next lease will say why
+        return fitted
 
     def _prior(self, kind: str, study_id: int, ttl_s: float = 60.0) -> list[tuple[Workload, Trial]]:
         """Finished trials of the other studies of ``kind``, with their workloads (cached)."""
@@ -251,22 +267,6 @@ class Tuner:
                 continue  # a study whose spec no longer loads teaches nothing
         self._priors[key] = (time.monotonic(), out)
         return out
-
-    def _latest_proxy(self, kind: str) -> Any:
-        """The newest stored proxy model of ``kind`` (loaded once per version), or None."""
-        version = self.store.latest_proxy_model(kind)
-        if version is None:
-            return None
-        cached = self._proxies.get(kind)
-        if cached is None or cached[0] != version.version:
-            from cubic.proxy.training import is_current
-
-            if not is_current(version):
-                return None
-            from cubic.proxy.model import ProxyModel
-
-            self._proxies[kind] = (version.version, ProxyModel.load(version.model))
-        return self._proxies[kind][1]
 
     def _room(self, study_id: int, history: list[Trial], want: int) -> int:
         """How many trials to propose now: none while ``want`` are waiting, else all the

@@ -103,6 +103,7 @@ class CubicStrategy(Strategy):
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
+        self._tau: tuple[int, float] | None = None
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
 
     def set_prior(self, prior: Prior) -> None:
@@ -446,12 +447,32 @@ class CubicStrategy(Strategy):
             return False
         if not self.allow_fit:
             return self.proxy is not None
-        key = hashlib.sha1(
-            "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()
-        ).hexdigest()
-        if key not in _TRANSFER_CACHE:
-            _TRANSFER_CACHE[key] = self._prior_tau()
-        return _TRANSFER_CACHE[key] >= self.transfer_tau
+        # A prior that keeps growing (other studies running in the service) is scored again
+        # only once it has grown by half, not at every new trial.
+        if self._tau is None or len(self.prior) >= 1.5 * self._tau[0]:
+            key = hashlib.sha1(
+                "|".join(f"{wl.name}:{t.id}" for wl, t in self.prior).encode()
+            ).hexdigest()
+            if key not in _TRANSFER_CACHE:
+                _TRANSFER_CACHE[key] = self._prior_tau()
+            self._tau = (len(self.prior), _TRANSFER_CACHE[key])
+        return self._tau[1] >= self.transfer_tau
+
+    def prefit(self, history: Sequence[Trial]) -> bool:
+        """Fit what the next round will need (the transfer check, the proxy, the memory
+        correction, the candidates) ahead of demand; returns whether a proxy was fitted.
+
+        The service calls it from a background thread after trials finish, so that a lease
+        finds the study's model fitted: the same model the benchmark fits in-process, and
+        a round proposes as it would without a service."""
+        self._candidates()
+        self._memory_model(history)
+        own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        if len(own_done) < self.warmup and not self._transfer_ready():
+            return False
+        before = self._model
+        self._fit(history)
+        return self._model is not before
 
     def _prior_tau(self) -> float:
         """Kendall tau of a proxy fitted on some prior workloads, scored on another one
