@@ -503,6 +503,13 @@ def bench_search_cmd(
     transfer: Annotated[
         bool, typer.Option(help="give strategies the other studies' history")
     ] = False,
+    through_service: Annotated[
+        bool,
+        typer.Option(
+            "--through-service",
+            help="run each study through a real API process and HTTP workers (SQLite)",
+        ),
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
     plot: Annotated[Path | None, typer.Option(help="convergence plot (PNG)")] = Path(
         "bench_convergence.png"
@@ -523,6 +530,7 @@ def bench_search_cmd(
         plot_out=plot,
         transfer=transfer,
         console=console,
+        through_service=through_service,
     )
 
 

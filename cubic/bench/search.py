@@ -774,8 +774,12 @@ def run_benchmark(
     history: Mapping[str, Prior] | None = None,
     progress: ProgressFn | None = None,
     noise: NoiseModel | None = None,
+    through_service: bool = False,
 ) -> BenchResult:
-    """Run every strategy on every study for every seed; ``progress(run, done, total)``."""
+    """Run every strategy on every study for every seed; ``progress(run, done, total)``.
+
+    ``through_service``: each run goes through a real API process and HTTP workers
+    (:mod:`cubic.bench.through_service`) instead of the in-process loop."""
     if not studies or not strategies or not seeds:
         raise InvalidInput(
             "the benchmark needs at least one study, strategy and seed", field="studies"
@@ -806,15 +810,19 @@ def run_benchmark(
             "targets": list(TARGETS),
             "transfer": bool(history),
             "noise": asdict(noise),
+            "through_service": through_service,
         },
         studies={info.name: info for _, info in loaded},
     )
     total = len(loaded) * len(strategies) * len(seeds)
+    one = run_one
+    if through_service:
+        from cubic.bench.through_service import run_through_service as one
     for study, info in loaded:
         prior = (history or {}).get(study.spec.name)
         for name in strategies:
             for seed in seeds:
-                run = run_one(
+                run = one(
                     study,
                     name,
                     seed,
@@ -893,6 +901,7 @@ def bench_search(
     plot_out: str | Path | None = None,
     transfer: bool = False,
     console: Any = None,
+    through_service: bool = False,
 ) -> BenchResult:
     """``cubic bench``: run the benchmark, print its tables, and write JSON and a plot.
 
@@ -933,7 +942,14 @@ def bench_search(
             )
 
         result = run_benchmark(
-            files, names, seed_list, workers=workers, budget=budget, history=history, progress=step
+            files,
+            names,
+            seed_list,
+            workers=workers,
+            budget=budget,
+            history=history,
+            progress=step,
+            through_service=through_service,
         )
     result.skipped = skipped
     for table in result.tables():
