@@ -536,7 +536,7 @@ def bench_search_cmd(
 
 @bench_app.command("proposal")
 def bench_proposal_cmd(
-    history: Annotated[int, typer.Option(min=10, help="finished trials in the history")] = 5000,
+    history: Annotated[int, typer.Option(min=10, help="finished trials in the history")] = 10_000,
     n: Annotated[int, typer.Option(min=1, help="proposals in the round")] = 8,
     study: Annotated[Path | None, typer.Option(help="study file")] = None,
 ) -> None:
@@ -547,7 +547,8 @@ def bench_proposal_cmd(
     console.print(
         f"one round of {r['n']} proposals with {r['history']:,} finished trials: "
         f"{r['round_with_fit_s']:.2f} s with the proxy fit, "
-        f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3)"
+        f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3); the study's "
+        f"survey of its space (once per study): {r['survey_s']:.2f} s"
     )
 
 

@@ -189,12 +189,19 @@ class CubicStrategy(Strategy):
         if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
             return np.ones(len(N), dtype=bool)
         predicted, seen = self._error_model(history, N)
-        return self._respects_bound(predicted) & self._one_new_site(N, seen)
+        return self._respects_bound(predicted) & self._new_site_alone(history, N, seen)
 
-    @staticmethod
-    def _one_new_site(N: np.ndarray, seen: np.ndarray) -> np.ndarray:
-        """Whether each config switches on at most one site that no measured trial has."""
-        return ((N > 0) & ~seen).sum(axis=1) <= 1
+    def _new_site_alone(
+        self, history: Sequence[Trial], N: np.ndarray, seen: np.ndarray
+    ) -> np.ndarray:
+        """Whether each config respects the rule for sites no measured trial has switched on:
+        such a site is tried alone (no other reduced-precision site beside it, so that its
+        score is its own) and by one trial at a time (not while another one runs)."""
+        active = N > 0
+        new = active & ~seen
+        in_flight = self._untested_sites(history, seen)
+        alone = ~new.any(axis=1) | (active.sum(axis=1) <= 1)
+        return alone & ~(active & in_flight).any(axis=1)
 
     def _respects_bound(self, predicted: np.ndarray) -> np.ndarray:
         bound = self.study.spec.constraints.max_error_score
@@ -279,7 +286,13 @@ class CubicStrategy(Strategy):
         own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
         rng = self.rng(history)
         seen = self.seen(history)
-        warm = len(own_done) < self.warmup and not self._transfer_ready()
+        # The warm-up is ``warmup`` proposals, and the model waits for half of them to have
+        # finished: with parallel workers, waiting for all of them would spend a second
+        # batch on space filling.
+        proposed = sum(1 for t in history if t.attempt == 1 and t.source != "imported")
+        warm = (
+            proposed < self.warmup or len(own_done) < max(2, self.warmup // 2)
+        ) and not self._transfer_ready()
         n_values = sum(1 for t in own_done if self._value(t)[0] is not None)
         if warm or (n_values < 2 and not self.prior):
             return self._space_filling(history, n, seen, rng)
@@ -297,7 +310,7 @@ class CubicStrategy(Strategy):
         predicted, seen_sites = self._error_model(history, base.N)
         safe = ok & self._respects_bound(predicted)
         if self.study.spec.constraints.max_error_score is not None and base.N.shape[1]:
-            safe &= self._one_new_site(base.N, seen_sites)
+            safe &= self._new_site_alone(history, base.N, seen_sites)
         # Fewer safe configs than asked: those that fit; none left that fits: the closest
         # misses (the space has nothing runnable left to try).
         mask = safe if safe.sum() >= n else ok if ok.any() else fresh
@@ -611,6 +624,9 @@ class CubicStrategy(Strategy):
         likely = (p >= self.min_feasible) & self._within_bounds(history, N)
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
+        fresh = np.zeros_like(N, dtype=bool)  # sites no trial has measured yet, per row
+        if self.study.spec.constraints.max_error_score is not None and N.shape[1]:
+            fresh = (N > 0) & ~self._error_model(history, N)[1]
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
         measured = any(self._value(t)[0] is not None for t in history)
@@ -634,5 +650,7 @@ class CubicStrategy(Strategy):
             )
             dist = np.abs(pos - pos[j]).sum(axis=1)
             score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
+            if fresh[j].any():  # that untested site is now in flight: one trial at a time
+                score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
             score[j] = -1.0
         return out
