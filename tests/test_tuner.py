@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -311,3 +312,31 @@ def test_a_burst_of_asks_does_not_starve_the_connection_pool(db_url: str) -> Non
         assert sorted(ids) == [t.id for t in running]
     finally:
         engine.dispose()
+
+
+def test_the_service_fits_each_study_s_own_model_ahead_of_demand(store: Store) -> None:
+    """With background fitting, the strategy still proposes with its own per-study model
+    (the one the benchmark fits): prefit fits it once the warm-up has finished, and the next
+    round proposes from it however fast the jobs came back."""
+    from cubic.sim.job import NoiseModel, run_job
+    from cubic.study import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec, base = load_spec(root / "search_spaces" / "bench" / "dlrm_dot_a100x8.study.yaml")
+    tuner = Tuner(store, background_fit=True)
+    sid = tuner.create_study(spec, base).id
+    assert tuner.prefit() == []  # nothing finished: nothing to fit
+    wl = tuner.resolved(sid).workload
+    done = 0
+    while done < 9:  # the baseline and the warm-up batch, each reported at once
+        for t in tuner.ask(sid, "w", 1):
+            tuner.tell(t.id, t.lease_token, run_job(wl, t.params, noise=NoiseModel.off()))
+            done += 1
+    assert tuner.prefit() == [sid]
+    strategy = tuner._strategies[sid]
+    fitted = strategy._model
+    assert fitted is not None
+    assert tuner.prefit() == []  # up to date: not refitted
+    leased = tuner.ask(sid, "w", 1)
+    assert leased and leased[0].predicted["phase"] == "model"
+    assert strategy._model is fitted  # the round used the model fitted ahead of it
