@@ -19,6 +19,5 @@ def test_a_run_through_the_service_is_scored_like_an_in_process_one() -> None:
         assert run.n_trials == 16 and len(run.curve) == 16
         assert run.best_config is not None
         assert not study.space.validate(run.best_config, study.context)
-    # Both got well past where the warm-up alone lands on this space (about 0.3 of the
-    # optimum after its first batch).
+    # A sanity bound: both searches reached at least half the optimum in 16 trials.
     assert served.best_ratio > 0.5 and local.best_ratio > 0.5
