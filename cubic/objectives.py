@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from cubic.study import StudySpec
 from cubic.workload import Workload
+
+GIB = 2.0**30
+
+
+def reported_peak_bytes(metrics: Mapping[str, Any] | None) -> float | None:
+    """The peak memory per GPU a job reported, in bytes: ``peak_memory_gib`` (what
+    ``torch.cuda.max_memory_allocated`` gives over 2**30) or ``peak_memory_gb`` (10**9)."""
+    if not metrics:
+        return None
+    for key, unit in (("peak_memory_gib", GIB), ("peak_memory_gb", 1e9)):
+        v = metrics.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            return float(v) * unit
+    return None
 
 
 def violations(
@@ -18,11 +33,11 @@ def violations(
     """Why a complete trial breaks the study's constraints (empty when it respects them)."""
     c = spec.constraints
     out: list[str] = []
-    mem = metrics.get("peak_memory_gb")
-    limit = workload.gpu.hbm_bytes / 1e9 * (1.0 - c.memory_headroom)  # metrics are in GB
-    if c.memory_headroom > 0 and mem is not None and float(mem) > limit:
+    peak = reported_peak_bytes(metrics)
+    limit = workload.gpu.hbm_bytes * (1.0 - c.memory_headroom)
+    if c.memory_headroom > 0 and peak is not None and peak > limit:
         out.append(
-            f"peak memory {float(mem):.1f} GB exceeds {limit:.1f} GB "
+            f"peak memory {peak / GIB:.1f} GiB exceeds {limit / GIB:.1f} GiB "
             f"({c.memory_headroom:.0%} headroom kept free)"
         )
     err = metrics.get("error_score")

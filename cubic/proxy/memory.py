@@ -23,28 +23,15 @@ fitting. Learned attributes end in ``_``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
+from cubic.objectives import reported_peak_bytes
 from cubic.proxy.features import feature_names
 from cubic.runners.contract import OOM_RE
 from cubic.store.objects import Trial, TrialState
 from cubic.workload import Workload
-
-GIB = 2.0**30
-
-
-def reported_peak_bytes(metrics: Mapping[str, Any] | None) -> float | None:
-    """The peak memory per GPU a job reported, in bytes (``peak_memory_gib`` or ``_gb``)."""
-    if not metrics:
-        return None
-    for key, unit in (("peak_memory_gib", GIB), ("peak_memory_gb", 1e9)):
-        v = metrics.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-            return float(v) * unit
-    return None
 
 
 def is_oom(trial: Trial) -> bool:

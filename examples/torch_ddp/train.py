@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads_per_rank": torch.get_num_threads(),
         }
         if device.type == "cuda":
-            extra["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+            extra["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         report({**timer.metrics(), **extra})
     dist.destroy_process_group()
     return 0
