@@ -150,8 +150,48 @@ class CubicStrategy(Strategy):
             base = self._candidates()[0]
             ref = base.X if len(base) >= 16 else None
             model = MemoryModel(self.study.workload, limit=self._limit).fit(X, useful, ref)
-            self._memory = (len(done), model, self._check(model, base.X))
+            ok = self._check(model, base.X) & ~self._in_invalid_region(history, base.arrays)
+            self._memory = (len(done), model, ok)
         return self._memory[1]
+
+    def _invalid_regions(self, history: Sequence[Trial]) -> list[dict[str, Any]]:
+        """What each invalid trial (infeasible, not out of memory: an option the framework
+        or the hardware rejects) had that no trial that ran had: its knob values never seen
+        in a complete trial. Every config holding all of them is in the same region."""
+        from cubic.proxy.memory import is_oom
+
+        bad = [t for t in history if t.state == TrialState.INFEASIBLE and not is_oom(t)]
+        if not bad:
+            return []
+        names = self.study.space.names
+        ran: dict[str, set[str]] = {k: set() for k in names}
+        for t in history:
+            if t.state == TrialState.COMPLETE:
+                for k in names:
+                    ran[k].add(repr(t.params.get(k)))
+        regions = []
+        for t in bad:
+            region = {
+                k: t.params[k] for k in names if k in t.params and repr(t.params[k]) not in ran[k]
+            }
+            if region and region not in regions:
+                regions.append(region)
+        return regions
+
+    def _in_invalid_region(
+        self, history: Sequence[Trial], arrays: dict[str, np.ndarray]
+    ) -> np.ndarray:
+        """Whether each config (struct of arrays) lies in a region an invalid trial ruled out:
+        one such outcome teaches the whole region, not one config at a time."""
+        n = len(next(iter(arrays.values()))) if arrays else 0
+        out = np.zeros(n, dtype=bool)
+        for region in self._invalid_regions(history):
+            inside = np.ones(n, dtype=bool)
+            for k, v in region.items():
+                col = np.asarray(arrays[k], dtype=object)
+                inside &= np.array([repr(x) == repr(v) for x in col.tolist()], dtype=bool)
+            out |= inside
+        return out
 
     def _check(self, model: MemoryModel, X: np.ndarray) -> np.ndarray:
         from cubic.proxy.features import hardware_ok, knows_knobs
@@ -589,7 +629,8 @@ class CubicStrategy(Strategy):
         if extra:
             ex = space.to_arrays([p.params for p in extra])
             Xe = featurize(self.study.workload, ex)
-            ok = self._runnable(history, Xe)  # what the arithmetic rules out, never tried
+            # What the arithmetic or an invalid trial rules out is never tried.
+            ok = self._runnable(history, Xe) & ~self._in_invalid_region(history, ex)
             keep = np.flatnonzero(ok)
             if len(keep):
                 ex = {k: v[keep] for k, v in ex.items()}

@@ -204,3 +204,34 @@ def test_a_batch_ranked_only_by_other_workloads_is_spread_wider() -> None:
         return float(np.abs(pos[:, None] - pos[None]).sum(-1).mean())
 
     assert spread(3.0) > spread(1.0)
+
+
+def test_one_invalid_trial_rules_out_its_whole_region() -> None:
+    """A config the framework rejects (not out of memory) teaches the strategy every config
+    that shares what it had and no run had, not that one config alone."""
+    study = _study("llama3_70b_h100x64")
+    strategy = CubicStrategy(study, seed=0)
+    rng = np.random.default_rng(0)
+    ran = [
+        c
+        for c in study.space.sample(rng, 400, study.context)
+        if not c["fp8_lm_head"] and not study.space.validate(c, study.context)
+    ][:12]
+    history = [_measured(study, c, i + 1) for i, c in enumerate(ran)]
+    history = [t for t in history if t.state == TrialState.COMPLETE]
+    bad = study.space.complete({**history[0].params, "fp8_lm_head": True}, study.context)
+    rejected = Trial.detached(
+        len(history) + 1,
+        bad,
+        TrialState.INFEASIBLE,
+        error="invalid: FP8 LM head is not supported by this Transformer Engine build",
+    )
+    assert strategy._invalid_regions([*history, rejected]) == [{"fp8_lm_head": True}]
+    base = strategy._candidates()[0]
+    inside = strategy._in_invalid_region([*history, rejected], base.arrays)
+    assert np.array_equal(inside, np.array([c["fp8_lm_head"] for c in base.configs]))
+    props = strategy.suggest([*history, rejected], 8)
+    assert len(props) == 8 and not any(p.params["fp8_lm_head"] for p in props)
+    # An out-of-memory trial is the memory model's to learn from, not a region rule.
+    oom = Trial.detached(99, bad, TrialState.INFEASIBLE, error="CUDA out of memory")
+    assert strategy._invalid_regions([*history, oom]) == []
