@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from cubic.proxy.features import featurize
 from cubic.objectives import reported_peak_bytes
+from cubic.proxy.features import featurize
 from cubic.proxy.memory import MemoryModel, estimate_ratio, is_oom
 from cubic.sim import simulate
 from cubic.store.objects import Trial, TrialState
