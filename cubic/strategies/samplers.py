@@ -241,7 +241,9 @@ class GPStrategy(OptunaStrategy):
             raise InvalidInput(
                 "strategy 'gp' needs PyTorch: pip install 'cubic[gp]'", field="strategy.name"
             ) from exc
-        sampler = optuna.samplers.GPSampler(seed=seed, **self.options)
+        # Conditional knobs (vp when pp > 1, ...) are sampled apart by design: no warning.
+        opts = {"warn_independent_sampling": False, **self.options}
+        sampler = optuna.samplers.GPSampler(seed=seed, **opts)
         # Optuna exposes no option for the acquisition search's size; its two attributes
         # are set where this version has them (else Optuna's defaults apply).
         for attr, value in (
