@@ -539,10 +539,20 @@ def bench_proposal_cmd(
     history: Annotated[int, typer.Option(min=10, help="finished trials in the history")] = 10_000,
     n: Annotated[int, typer.Option(min=1, help="proposals in the round")] = 8,
     study: Annotated[Path | None, typer.Option(help="study file")] = None,
+    strategy: Annotated[
+        str, typer.Option(help="cubic, or an Optuna-backed one (gp, tpe, qmc, random)")
+    ] = "cubic",
 ) -> None:
-    """Time one proposal round of the cubic strategy (proxy fit included) on one core."""
-    from cubic.bench.proposal import bench_proposal
+    """Time one proposal round (of the cubic strategy: with and without the proxy fit)."""
+    from cubic.bench.proposal import bench_proposal, bench_sampler_round
 
+    if strategy != "cubic":
+        r = bench_sampler_round(strategy, study, history=history, n=n)
+        console.print(
+            f"one round of {r['n']} {strategy} proposals with {r['history']:,} finished "
+            f"trials: {r['round_s']:.2f} s (median of 3)"
+        )
+        return
     r = bench_proposal(study, history=history, n=n)
     console.print(
         f"one round of {r['n']} proposals with {r['history']:,} finished trials: "

@@ -57,6 +57,26 @@ def synthetic_history(study: Any, n: int, seed: int = 0) -> list[Trial]:
     return out
 
 
+def bench_sampler_round(
+    strategy: str, study_file: Path | None = None, history: int = 64, n: int = 8, repeat: int = 3
+) -> dict[str, Any]:
+    """Seconds for one round of ``n`` proposals of an Optuna-backed strategy (``gp``, say)
+    with ``history`` finished trials: a fresh strategy each time, as a new API process
+    would build it (median of ``repeat``)."""
+    from cubic.bench.search import build_strategy
+
+    spec, base = load_spec(study_file or DEFAULT_STUDY)
+    study = spec.resolve(base)
+    trials = synthetic_history(study, history)
+    times = []
+    for r in range(repeat):
+        s, _ = build_strategy(strategy, study, r)
+        t0 = time.perf_counter()
+        s.suggest(trials, n)
+        times.append(time.perf_counter() - t0)
+    return {"strategy": strategy, "history": history, "n": n, "round_s": float(np.median(times))}
+
+
 def bench_proposal(
     study_file: Path | None = None, history: int = 10_000, n: int = 8, repeat: int = 3
 ) -> dict[str, float]:
