@@ -32,9 +32,9 @@ ENUMERATE_LIMIT = 5_000_000
 """Enumerate a finite space whose grid product is at most this; sample any other."""
 MAX_DRAWS = 2_000_000
 """Valid configs a sampled space examines at most to find plausible ones."""
-CHUNK = 200_000
+CHUNK = 100_000
 _CACHE: OrderedDict[str, Survey] = OrderedDict()
-_CACHE_SIZE = 8
+_CACHE_SIZE = 4
 
 
 @dataclass(frozen=True)
