@@ -218,3 +218,18 @@ def test_a_study_runs_to_completion_and_reports_its_best(client: TestClient) -> 
     # Every trial finished: a worker asking again is told to stop.
     lease = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()
     assert lease == {"trials": [], "study_state": "completed"}
+
+
+def test_a_space_where_nothing_fits_is_refused_and_nothing_is_stored(client: TestClient) -> None:
+    tiny = {"preset": "llama3_405b", "cluster": {"gpu": "a100_40gb", "num_gpus": 16}}
+    before = client.get("/v1/studies").json()
+    body = assert_error(
+        client.post("/v1/studies", json=spec(name="too-big", workload=tiny)),
+        422,
+        "InvalidInput",
+        "space",
+    )
+    assert "GiB per GPU" in body["detail"] and "allow_unfit" in body["detail"]
+    assert client.get("/v1/studies").json() == before
+    forced = client.post("/v1/studies", json=spec(name="forced", workload=tiny, allow_unfit=True))
+    assert forced.status_code == 201, forced.text
