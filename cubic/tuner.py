@@ -107,6 +107,8 @@ class Tuner:
                 study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
             )
         self._resolved[study.id] = resolved
+        if self.background_fit:  # the background thread prepares its first rounds
+            self._strategy(study.id)
         return study
 
     def resolved(self, study_id: int) -> ResolvedStudy:
