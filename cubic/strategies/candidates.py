@@ -135,8 +135,11 @@ def survey(
     want: int = 40_000,
     seed: int = 0,
 ) -> Survey:
-    """Scan the space once (enumerated when finite and not huge, else sampled) for
-    :func:`plausible` and for a study's feasibility check (cached per study)."""
+    """Scan the space once (enumerated when finite and not huge, else sampled): up to
+    ``want`` valid configs that run on the hardware and whose estimated peak is at most
+    ``limit * (1 + slack)`` of HBM, chosen uniformly among all such configs (when none
+    passes, those with the smallest estimates), and the counts a study's feasibility check
+    reports. Cached per study."""
     key = _key(workload, space, limit, slack, want)
     if key in _CACHE:
         _CACHE.move_to_end(key)
@@ -241,23 +244,6 @@ def survey(
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return out
-
-
-def plausible(
-    workload: Workload,
-    space: Space,
-    *,
-    limit: float = 1.0,
-    slack: float = 0.15,
-    want: int = 40_000,
-    seed: int = 0,
-) -> Candidates:
-    """Up to ``want`` valid configs that run on the hardware and whose estimated peak is at
-    most ``limit * (1 + slack)`` of HBM, chosen uniformly among all such configs.
-
-    When none passes, the configs with the smallest estimates are returned instead (the
-    caller decides what to do about a space that cannot fit)."""
-    return survey(workload, space, limit=limit, slack=slack, want=want, seed=seed).candidates
 
 
 def unfit_reason(survey: Survey, workload: Workload) -> str | None:

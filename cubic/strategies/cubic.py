@@ -35,7 +35,7 @@ import numpy as np
 from cubic.objectives import objective_values, violations
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
-from cubic.strategies.candidates import Candidates, plausible
+from cubic.strategies.candidates import Candidates, survey
 from cubic.study import ResolvedStudy
 from cubic.workload import Workload
 
@@ -120,13 +120,13 @@ class CubicStrategy(Strategy):
         """The study's plausible configs (:mod:`cubic.strategies.candidates`) and their
         positions in knob-rank space; built once."""
         if self._base is None:
-            base = plausible(
+            base = survey(
                 self.study.workload,
                 self.study.space,
                 limit=self._limit,
                 slack=self.memory_slack,
                 want=4 * self.pool_size,
-            )
+            ).candidates
             pos = self.positions(base.arrays) if len(base) else np.zeros((0, len(self._grids)))
             self._base = (base, pos)
         return self._base

@@ -13,7 +13,7 @@ from cubic.proxy.features import featurize, hardware_ok
 from cubic.proxy.memory import estimate_ratio
 from cubic.sim import simulate
 from cubic.store import Store
-from cubic.strategies.candidates import plausible, survey, unfit_reason
+from cubic.strategies.candidates import survey, unfit_reason
 from cubic.study import parse_spec
 from cubic.tuner import Tuner
 
@@ -31,10 +31,10 @@ def _study(gpu: str, n: int, preset: str = "gpt3_175b", space: object = LLM_SPAC
     return parse_spec(spec)
 
 
-def test_plausible_configs_are_valid_run_on_the_gpu_and_fit_by_the_estimate() -> None:
+def test_candidates_are_valid_run_on_the_gpu_and_fit_by_the_estimate() -> None:
     study = _study("a100_40gb", 256).resolve()
-    base = plausible(study.workload, study.space, limit=0.95, slack=0.15)
     s = survey(study.workload, study.space, limit=0.95, slack=0.15)
+    base = s.candidates
     assert base.exhaustive and s.exhaustive
     assert 0 < len(base) < s.valid
     assert all(not study.space.validate(c, study.context) for c in base.configs[:300])
@@ -59,7 +59,7 @@ def test_a_space_that_offers_fp8_on_a100_yields_no_fp8_candidate(tmp_path: Path)
     path = tmp_path / "ungated.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     study = _study("a100_80gb", 128, space=str(path)).resolve()
-    base = plausible(study.workload, study.space, limit=0.95)
+    base = survey(study.workload, study.space, limit=0.95).candidates
     assert len(base) > 0
     assert not any(c[k] for c in base.configs for k in c if k.startswith("fp8_"))
     assert hardware_ok(study.workload, base.X).all()
