@@ -111,9 +111,9 @@ def spaces_validate(
             f"({headroom:.0%} headroom)"
         )
         reason = unfit_reason(s, wl)
-        if s.valid == 0 or reason is not None:
+        if reason is not None:
             console.print(msg)
-            raise InvalidInput(reason or "the space has no valid configuration", field="space")
+            raise InvalidInput(reason, field="space")
     console.print(msg)
 
 

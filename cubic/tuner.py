@@ -421,6 +421,10 @@ def _refuse_unfit(resolved: ResolvedStudy) -> None:
     from cubic.strategies.candidates import survey, unfit_reason
 
     limit = 1.0 - resolved.spec.constraints.memory_headroom
-    reason = unfit_reason(survey(resolved.workload, resolved.space, limit=limit), resolved.workload)
+    try:
+        found = survey(resolved.workload, resolved.space, limit=limit)
+    except SpaceError as exc:  # sampling found (almost) no valid configuration
+        raise InvalidInput(f"space: {exc}", field="space") from exc
+    reason = unfit_reason(found, resolved.workload)
     if reason is not None:
         raise InvalidInput(reason, field="space")

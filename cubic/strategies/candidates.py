@@ -249,7 +249,9 @@ def survey(
 def unfit_reason(survey: Survey, workload: Workload) -> str | None:
     """Why no config of the space fits by the memory estimate (None when some do), with the
     smallest estimate and the knob whose choice moves memory most."""
-    if survey.fit > 0 or survey.valid == 0:
+    if survey.valid == 0:
+        return "the space has no valid configuration for this workload (check its constraints)"
+    if survey.fit > 0:
         return None
     gpu = workload.gpu
     allowed = survey.limit * gpu.hbm_gb

@@ -93,3 +93,13 @@ def test_a_space_that_fits_is_created_and_a_space_without_memory_knobs_is_not_ju
     assert tuner.create_study(_study("h100_sxm", 256)).id > 0
     toy = {"parameters": {"lr": {"type": "categorical", "choices": [1, 2, 3]}}}
     assert tuner.create_study(_study("a100_40gb", 8, preset="llama3_405b", space=toy)).id > 0
+
+
+def test_a_space_with_no_valid_configuration_is_refused(store: Store) -> None:
+    never = {
+        "parameters": {"tp": {"type": "categorical", "choices": [3, 5]}},
+        "constraints": [{"expr": "num_gpus % tp == 0", "message": "tp must divide the GPUs"}],
+    }
+    with pytest.raises(InvalidInput, match="no valid configuration") as err:
+        Tuner(store).create_study(_study("h100_sxm", 64, space=never))
+    assert err.value.field == "space"
