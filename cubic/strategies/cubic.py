@@ -1,27 +1,34 @@
 """The ``cubic`` strategy: proxy-model-guided batch search, as in CubicML.
 
-Two explicit phases:
+Candidates come first from what can run: the study's valid configs that use only what the
+GPU has and fit in memory by the arithmetic estimate, corrected by what its own jobs
+reported (:mod:`cubic.strategies.candidates`, :mod:`cubic.proxy.memory`), minus the region
+of any config the framework rejected. A config the corrected estimate rules out is never
+proposed. Then two explicit phases:
 
-1. **Warm-up** (space-filling): until ``warmup`` trials of this study have finished, propose
-   configs spread over the space (greedy max-min distance in knob-rank space, from a large
-   random pool). Skipped when ``prior`` trials of other studies of the same workload kind
-   give a proxy that already ranks well (cross-validated Kendall tau >= ``transfer_tau``).
-2. **Model-guided** rounds: fit the XGBoost proxy (:class:`cubic.proxy.model.ProxyModel`)
-   on every finished trial (this study's and the prior), build a pool of at least
-   ``pool_size`` valid candidates (uniform random, plus mutations of the best trials so far,
-   plus TPE's proposals while the history is small), score each by an acquisition that
-   combines predicted throughput, its uncertainty and the probability of fitting in memory,
-   and choose a diverse batch: after each pick, candidates close to it (in knob-rank space)
-   are penalised, so parallel workers do not all measure the same neighbourhood.
+1. **Warm-up** (space-filling): the first ``warmup`` proposals, and until half of them have
+   finished, are spread over those candidates (greedy max-min distance in knob-rank space,
+   from a modest random pool). Skipped when ``prior`` trials of other studies of the same
+   workload kind give a proxy that already ranks well (cross-validated Kendall tau >=
+   ``transfer_tau``).
+2. **Model-guided** rounds: fit the proxy (:class:`cubic.proxy.model.ProxyModel`) on every
+   finished trial (this study's and the prior), build a pool of up to ``pool_size``
+   runnable candidates (plus mutations of the best trials so far, plus TPE's proposals
+   while the history is small, filtered the same way), score each by an acquisition that
+   combines predicted throughput, its uncertainty, the classifier's probability of running
+   and the memory model's probability of fitting, and choose a diverse batch: after each
+   pick, candidates close to it (in knob-rank space) are penalised, so parallel workers do
+   not all measure the same neighbourhood.
 
 Both phases respect a study's numerical-error bound before any trial breaks it: an additive
 model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
 all-to-all precision) is fitted to the scores jobs report, with a prior that shares the bound
-among the sites one config can switch on, and a site no trial has measured yet is tried by one
-trial at a time.
+among the sites one config can switch on, and a site no trial has measured yet is tried
+alone and by one trial at a time.
 
 A config already in the history is never proposed again. Every proposal carries what the
-proxy predicted, so predictions can be compared with measurements.
+proxy predicted, so predictions can be compared with measurements. In the service,
+:meth:`CubicStrategy.prefit` fits ahead of demand what the next round needs.
 """
 
 from __future__ import annotations
