@@ -11,10 +11,11 @@ constraint, enters as COMPLETE with the worst value seen so far *and* a positive
 constraint value: TPE and GP read a trial's constraints and put such trials in
 the bad group; the penalty value makes even constraint-blind samplers rank them last.
 A proposal that is not a valid config of the space (say ``tp*pp*cp`` does not divide the
-GPU count), or one already tried, is repaired to the nearest valid config never tried (in
-knob-rank space, among a cached pool of valid configs) instead of asking the sampler again:
-each ask costs a model fit (a full GP fit for ``gp``), and on a space where most draws
-break a rule, asking until one passes costs tens of asks per proposal. The repaired config
+GPU count) is repaired to the nearest valid config never tried (in knob-rank space, among a
+cached pool of valid configs) instead of asking the sampler again: each ask costs a model
+fit (a full GP fit for ``gp``), and on a space where most draws break a rule, asking until
+one passes costs tens of asks per proposal. A draw that repeats a tried config is drawn
+again a few times (a converged sampler), then repaired the same way. The repaired config
 stays in the round's study as a running trial, so TPE's constant liar spreads the batch.
 """
 
@@ -52,6 +53,8 @@ class OptunaStrategy(Strategy):
     max_asks: int | None = None
     """Asks of the sampler per round (None: one per proposal); the rest of a batch are the
     valid configs nearest to its draws."""
+    repeat_asks = 4
+    """Draws per proposal while the sampler repeats tried configs (then: the nearest)."""
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         raise NotImplementedError
@@ -125,14 +128,19 @@ class OptunaStrategy(Strategy):
                 seen.add(config_key(cfg))
                 proposals.append(Proposal(cfg))
                 continue
-            ot = ostudy.ask(dists)
-            params = dict(ot.params)
+            for _ in range(self.repeat_asks):
+                ot = ostudy.ask(dists)
+                params = dict(ot.params)
+                cfg: dict[str, Any] | None = None
+                try:
+                    cfg = space.complete(params, ctx)
+                except SpaceError:
+                    cfg = None
+                if cfg is None or config_key(cfg) not in seen:
+                    break
+                # A repeat of a tried config (a converged sampler): cheap to draw again.
+                ostudy.tell(ot, state=OptunaState.FAIL)
             drawn.append(params)
-            cfg: dict[str, Any] | None = None
-            try:
-                cfg = space.complete(params, ctx)
-            except SpaceError:
-                cfg = None
             if cfg is None or space.validate(cfg, ctx) or config_key(cfg) in seen:
                 cfg = self._nearest_valid(params, seen)
                 ostudy.tell(ot, state=OptunaState.FAIL)  # the draw itself: nothing to learn
@@ -229,6 +237,7 @@ class GPStrategy(OptunaStrategy):
 
     name = "gp"
     max_asks = 2
+    repeat_asks = 1
     preliminary_samples = 512
     local_searches = 4
 
