@@ -128,7 +128,7 @@ class OptunaStrategy(Strategy):
                 seen.add(config_key(cfg))
                 proposals.append(Proposal(cfg))
                 continue
-            for _ in range(self.repeat_asks):
+            for attempt in range(self.repeat_asks):
                 ot = ostudy.ask(dists)
                 params = dict(ot.params)
                 cfg: dict[str, Any] | None = None
@@ -136,7 +136,7 @@ class OptunaStrategy(Strategy):
                     cfg = space.complete(params, ctx)
                 except SpaceError:
                     cfg = None
-                if cfg is None or config_key(cfg) not in seen:
+                if cfg is None or config_key(cfg) not in seen or attempt == self.repeat_asks - 1:
                     break
                 # A repeat of a tried config (a converged sampler): cheap to draw again.
                 ostudy.tell(ot, state=OptunaState.FAIL)
