@@ -233,10 +233,18 @@ class CubicStrategy(Strategy):
         a config switches on at most one site no trial has measured yet: each is tried alone
         (so that a trial that breaks the bound blames one site) until it is measured.
         """
+        return self._bound_check(history, N)[0]
+
+    def _bound_check(
+        self, history: Sequence[Trial], N: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`_within_bounds` of each row, the sites no measured trial has switched on
+        per row), from one fit of the error model."""
         if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
-            return np.ones(len(N), dtype=bool)
+            return np.ones(len(N), dtype=bool), np.zeros_like(N, dtype=bool)
         predicted, seen = self._error_model(history, N)
-        return self._respects_bound(predicted) & self._new_site_alone(history, N, seen)
+        ok = self._respects_bound(predicted) & self._new_site_alone(history, N, seen)
+        return ok, (N > 0) & ~seen
 
     def _new_site_alone(
         self, history: Sequence[Trial], N: np.ndarray, seen: np.ndarray
@@ -669,12 +677,10 @@ class CubicStrategy(Strategy):
             * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
         )
-        likely = (p >= self.min_feasible) & self._within_bounds(history, N)
+        bounded, fresh = self._bound_check(history, N)  # fresh: untested sites, per row
+        likely = (p >= self.min_feasible) & bounded
         if np.any(likely):  # spend trials only where the config likely runs
             score = np.where(likely, score, score * 1e-6)
-        fresh = np.zeros_like(N, dtype=bool)  # sites no trial has measured yet, per row
-        if self.study.spec.constraints.max_error_score is not None and N.shape[1]:
-            fresh = (N > 0) & ~self._error_model(history, N)[1]
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
         measured = any(self._value(t)[0] is not None for t in history)
