@@ -78,6 +78,7 @@ class ProxyModel(BaseEstimator):
         max_bin: int = 256,
         gp_weight: float = 0.7,
         gp_rows: int = 128,
+        classifier_rows: int = 4000,
         seed: int = 0,
         n_jobs: int = 1,
     ) -> None:
@@ -95,6 +96,7 @@ class ProxyModel(BaseEstimator):
         self.max_bin = max_bin
         self.gp_weight = gp_weight
         self.gp_rows = gp_rows
+        self.classifier_rows = classifier_rows
         self.seed = seed
         self.n_jobs = n_jobs
 
@@ -109,7 +111,15 @@ class ProxyModel(BaseEstimator):
             feature_names(self.kind)  # raises on an unknown kind
         if not 0.0 <= float(self.gp_weight) <= 1.0:
             raise ValueError("gp_weight must be in [0, 1]")
-        for name in ("n_members", "n_estimators", "max_depth", "max_bin", "n_jobs", "gp_rows"):
+        for name in (
+            "n_members",
+            "n_estimators",
+            "max_depth",
+            "max_bin",
+            "n_jobs",
+            "gp_rows",
+            "classifier_rows",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("subsample", "colsample_bytree"):
@@ -244,7 +254,13 @@ class ProxyModel(BaseEstimator):
         self.p_feasible_ = float(feasible.mean())
         self.classifier_ = None
         if 0 < feasible.sum() < len(feasible):
-            dtrain = xgb.DMatrix(X, label=feasible.astype(float), nthread=int(self.n_jobs))
+            rows, weight = _class_sample(feasible, int(self.classifier_rows), self.seed)
+            dtrain = xgb.DMatrix(
+                X[rows],
+                label=feasible[rows].astype(float),
+                weight=weight,
+                nthread=int(self.n_jobs),
+            )
             self.classifier_ = xgb.train(
                 self._booster_params(self.seed, "binary:logistic"),
                 dtrain,
@@ -367,6 +383,29 @@ class ProxyModel(BaseEstimator):
         gp = data.get("gp")
         model.gp_ = None if gp is None else KernelModel.load(gp)
         return model
+
+
+def _class_sample(labels: np.ndarray, cap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``cap`` rows for the feasibility classifier, and their weights.
+
+    Whether a config runs is a simpler function than how fast it runs: a sample of a long
+    history teaches it as well, in a bounded time. The rarer class keeps up to half the
+    sample, and weights restore each class's share of the whole history.
+    """
+    n = len(labels)
+    if n <= cap:
+        return np.arange(n), np.ones(n)
+    rng = np.random.default_rng(seed)
+    pos, neg = np.flatnonzero(labels), np.flatnonzero(~labels)
+    rare, common = (pos, neg) if len(pos) <= len(neg) else (neg, pos)
+    k = min(len(rare), cap // 2)
+    take = [rng.choice(rare, k, replace=False), rng.choice(common, cap - k, replace=False)]
+    rows = np.concatenate(take)
+    weight = np.concatenate(
+        [np.full(k, len(rare) / max(k, 1)), np.full(cap - k, len(common) / (cap - k))]
+    )
+    order = np.argsort(rows)
+    return rows[order], weight[order]
 
 
 def _booster_json(booster: xgb.Booster) -> str:

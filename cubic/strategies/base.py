@@ -56,6 +56,7 @@ class Strategy(ABC):
         self.options = options
         self.context = study.context
         self._grids = self._make_grids()
+        self._keys: dict[tuple[int, int], tuple[dict[str, Any], str]] = {}
 
     @abstractmethod
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -67,7 +68,20 @@ class Strategy(ABC):
         return np.random.default_rng([self.seed or 0, len(history)])
 
     def seen(self, history: Sequence[Trial]) -> set[str]:
-        return {config_key(t.params) for t in history}
+        """The :func:`config_key` of every trial in ``history``.
+
+        A stored trial's params never change, so each key is computed once per trial (by
+        study and id, checked against the params): a round's cost does not grow with the
+        study's length by a JSON encoding of every trial."""
+        out = set()
+        cache = self._keys
+        for t in history:
+            hit = cache.get((t.study_id, t.id))
+            if hit is None or (hit[0] is not t.params and hit[0] != t.params):
+                hit = (t.params, config_key(t.params))
+                cache[(t.study_id, t.id)] = hit
+            out.add(hit[1])
+        return out
 
     def fill_random(
         self, history: Sequence[Trial], proposals: list[Proposal], n: int, seen: set[str]

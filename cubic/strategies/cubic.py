@@ -112,6 +112,7 @@ class CubicStrategy(Strategy):
         self._base: tuple[Candidates, np.ndarray] | None = None
         self._tau: tuple[int, float] | None = None
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
+        self._regions: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
@@ -170,19 +171,24 @@ class CubicStrategy(Strategy):
         bad = [t for t in history if t.state == TrialState.INFEASIBLE and not is_oom(t)]
         if not bad:
             return []
+        complete = [t for t in history if t.state == TrialState.COMPLETE]
+        # Called several times a round: recomputed only when the history has changed.
+        key = (len(history), len(complete), tuple(t.id for t in bad))
+        if self._regions is not None and self._regions[0] == key:
+            return self._regions[1]
         names = self.study.space.names
         ran: dict[str, set[str]] = {k: set() for k in names}
-        for t in history:
-            if t.state == TrialState.COMPLETE:
-                for k in names:
-                    ran[k].add(repr(t.params.get(k)))
-        regions = []
+        for t in complete:
+            for k in names:
+                ran[k].add(repr(t.params.get(k)))
+        regions: list[dict[str, Any]] = []
         for t in bad:
             region = {
                 k: t.params[k] for k in names if k in t.params and repr(t.params[k]) not in ran[k]
             }
             if region and region not in regions:
                 regions.append(region)
+        self._regions = (key, regions)
         return regions
 
     def _in_invalid_region(

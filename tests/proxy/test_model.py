@@ -183,3 +183,21 @@ def test_offset_auto_fits_the_base_for_one_workload_and_learns_efficiency_across
     assert np.isfinite(X8[:, i]).all()
     with pytest.raises(ValueError, match="offset"):
         ProxyModel(kind="llm", offset="median").fit(X8, y8, f8)
+
+
+def test_a_long_history_trains_the_classifier_on_a_weighted_sample() -> None:
+    """Beyond ``classifier_rows`` the classifier learns from a sample that keeps the rare
+    class (weighted back to its share), so its probabilities stay calibrated."""
+    rng = np.random.default_rng(0)
+    X = rng.random((6000, 4))
+    feasible = X[:, 2] < 0.1  # rare: about 10 % run
+    y = np.where(feasible, np.exp(X[:, 0]) * 1000, np.nan)
+    model = ProxyModel(seed=0, n_members=1, classifier_rows=1000).fit(X, y, feasible)
+    Xt = rng.random((2000, 4))
+    p = model.feasible(Xt)
+    truth = Xt[:, 2] < 0.1
+    assert p[truth].mean() > 0.8 and p[~truth].mean() < 0.1
+    assert abs(p.mean() - truth.mean()) < 0.05  # the weights undo the rebalanced sample
+    assert ProxyModel.load(json.loads(json.dumps(model.save()))).classifier_rows == 1000
+    with pytest.raises(ValueError, match="classifier_rows"):
+        ProxyModel(classifier_rows=0).fit(X, y, feasible)
