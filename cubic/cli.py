@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cubic.errors import CubicError, InvalidInput
+from cubic.retry import DEFAULT_OUTAGE_S
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -458,6 +459,20 @@ def worker(
     max_trials: Annotated[int | None, typer.Option(help="stop after this many")] = None,
     seed: Annotated[int, typer.Option(help="seed of the simulated noise")] = 0,
     time_scale: Annotated[float, typer.Option(help="simulated seconds per step")] = 0.0,
+    outage_s: Annotated[
+        float,
+        typer.Option(min=0, help="how long to ride through an unreachable service (seconds)"),
+    ] = DEFAULT_OUTAGE_S,
+    log_level: Annotated[
+        str, typer.Option(help="what the worker logs to stderr: debug, info, warning, error")
+    ] = "info",
+    outbox: Annotated[
+        Path | None,
+        typer.Option(
+            help="where outcomes wait until the service accepts them "
+            "(default $CUBIC_OUTBOX or ~/.local/state/cubic/outbox)"
+        ),
+    ] = None,
 ) -> None:
     """Lease trials of a study, run them through a runner, and report the results."""
     from cubic.client import CubicClient
@@ -466,13 +481,23 @@ def worker(
 
     if not url:
         raise CubicError("cubic worker needs the service: pass --url or set CUBIC_URL")
+    import logging
+
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise InvalidInput(
+            f"--log-level: expected debug, info, warning or error, got {log_level!r}"
+        )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # one line per request is not a worker's news
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     opts: dict[str, Any] = {}
     if runner == "simulated":
         opts = {"seed": seed, "time_scale": time_scale, "max_workers": parallel}
     opts.update(_runner_options(runner_config, runner_option or []))
     job_runner = make_runner(runner, **opts)
     try:
-        with CubicClient(url) as client:
+        with CubicClient(url, outage_s=outage_s) as client:
             w = Worker(
                 client,
                 study,
@@ -480,6 +505,7 @@ def worker(
                 worker_id=worker_id,
                 parallel=parallel,
                 lease_seconds=lease_seconds,
+                outbox=outbox,
             )
             n = w.run(max_trials=max_trials)
     finally:

@@ -2,21 +2,32 @@
 
 Plain ints and dicts in, plain dicts out. Calls that are safe to repeat (reads, lease,
 heartbeat, report, release: the service makes them idempotent per worker or lease token) are
-retried with exponential backoff on connection errors and 5xx answers; calls that create
-something (a study, enqueued configs, an import) are retried only when the request never
-reached the server. Error answers become cubic's own exceptions, with the server's message.
+retried on connection errors and on answers that say "later" (429, 502, 503, 504), with
+exponential backoff, full jitter and the server's ``Retry-After`` (:mod:`cubic.retry`), until
+the outage budget (``outage_s``, 15 minutes by default) is spent: a restart of the API or of
+its database is ridden through, not fatal. A 500 (a fault, not an outage) is retried a few
+times only. Calls that create something (a study, enqueued configs, an import) are retried
+only when the request never reached the server. Error answers become cubic's own
+exceptions, with the server's message.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import httpx
 
 from cubic.errors import Conflict, CubicError, InvalidInput, LeaseLost, NotFound, StorageError
+from cubic.retry import DEFAULT_OUTAGE_S, Backoff, parse_retry_after
 
-_RETRY_STATUS = {500, 502, 503, 504}
+log = logging.getLogger("cubic.client")
+
+_LATER = {429, 502, 503, 504}
+"""Answers that mean "the service is briefly away": retried within the outage budget."""
+_FAULT_RETRIES = 3
+"""How often a 500 is retried: it may be transient, but it is not an outage."""
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -49,13 +60,15 @@ class CubicClient:
         url: str,
         *,
         timeout: float = 30.0,
-        retries: int = 5,
+        outage_s: float = DEFAULT_OUTAGE_S,
         backoff: float = 0.2,
+        max_backoff: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.retries = retries
+        self.outage_s = outage_s
         self.backoff = backoff
+        self.max_backoff = max_backoff
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -69,24 +82,36 @@ class CubicClient:
 
     # transport --------------------------------------------------------------------------
     def _call(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> Any:
-        attempt = 0
+        waits = Backoff(self.outage_s, self.backoff, self.max_backoff)
+        faults = 0
         while True:
+            retry_after: float | None = None
             try:
                 resp = self._http.request(method, path, **kw)
             except httpx.TransportError as exc:
                 never_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                if attempt >= self.retries or not (idempotent or never_sent):
-                    raise StorageError(f"cannot reach cubic at {self.url}: {exc}") from exc
+                failure = f"cannot reach cubic at {self.url}: {exc}"
+                if not (idempotent or never_sent):
+                    raise StorageError(failure) from exc
+                wait = waits.next_wait()
+                if wait is None:
+                    raise StorageError(f"{failure} (gave up after {self.outage_s:g} s)") from exc
             else:
-                if (
-                    resp.status_code not in _RETRY_STATUS
-                    or not idempotent
-                    or attempt >= self.retries
-                ):
+                code = resp.status_code
+                retry = idempotent and (code in _LATER or (code == 500 and faults < _FAULT_RETRIES))
+                faults += code == 500
+                if retry:
+                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    wait = waits.next_wait(retry_after)
+                if not retry or wait is None:
                     _raise_for(resp)
                     return resp.json() if resp.content else None
-            time.sleep(self.backoff * (2**attempt))
-            attempt += 1
+                failure = f"HTTP {code}"
+            if waits.attempt in (1, 10) or waits.attempt % 50 == 0:
+                log.warning(
+                    "%s %s: %s; retrying (attempt %d)", method, path, failure, waits.attempt
+                )
+            time.sleep(wait)
 
     def _get(self, path: str, **params: Any) -> Any:
         params = {k: v for k, v in params.items() if v is not None}

@@ -6,22 +6,31 @@ extends every lease from a background thread, and reports each outcome once. On 
 SIGINT it stops leasing, lets running jobs finish within a grace period, and cancels and
 releases the rest so that another worker picks them up at once instead of after the lease
 expires.
+
+It rides through outages of the service: every call is retried within the client's outage
+budget (:mod:`cubic.retry`), and each outcome is written to a local :class:`~cubic.outbox.
+Outbox` before it is reported, so a result computed while the service was away, or before
+the worker was killed, is reported when it (or a new run of it) reaches the service again.
+Only once the budget is spent does it give up, keeping what it could not report.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cubic.client import CubicClient
-from cubic.errors import Conflict, CubicError
+from cubic.errors import Conflict, CubicError, NotFound, StorageError
+from cubic.outbox import Outbox, default_outbox
 from cubic.outcome import Outcome
 from cubic.runners.base import Runner, TrialJob
 
@@ -56,6 +65,7 @@ class Worker:
         idle_s: float = 0.5,
         grace_s: float = 30.0,
         on_report: Callable[[dict[str, Any], Outcome], None] | None = None,
+        outbox: Outbox | Path | str | None = None,
     ) -> None:
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
@@ -69,6 +79,10 @@ class Worker:
         self.idle_s = idle_s
         self.grace_s = grace_s
         self.on_report = on_report
+        if outbox is None:  # one folder per service: study and trial ids are its own
+            outbox = default_outbox() / re.sub(r"[^A-Za-z0-9.-]+", "_", client.url)
+        self.outbox = outbox if isinstance(outbox, Outbox) else Outbox(outbox)
+        self._gone = False  # the service stayed away beyond the client's outage budget
         self.stopping = threading.Event()
         self._active: dict[int, _Active] = {}
         self._lock = threading.Lock()
@@ -105,6 +119,11 @@ class Worker:
         workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))
         self._job_spec = spec.get("job") or {}
         self._objectives = tuple(o["metric"] for o in spec.get("objectives", []))
+        for lease, outcome in self.outbox.pending(self.study_id):  # an earlier run's results
+            log.info("trial %s: reporting the outcome an earlier run kept", lease["id"])
+            self._report(lease, outcome)
+            if self._gone:
+                raise StorageError(f"cannot report to cubic at {self.client.url}")
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="cubic-heartbeat")
         beat.start()
         try:
@@ -113,6 +132,8 @@ class Worker:
                     break
                 leased = self._lease_more(workload, timeout, max_trials)
                 finished = self._collect()
+                if self._gone:
+                    raise StorageError(f"cannot report to cubic at {self.client.url}")
                 if not self._active and not leased and not finished:
                     state = self.client.get_study(self.study_id)["state"]
                     if state in FINAL_STUDY_STATES:
@@ -120,6 +141,14 @@ class Worker:
                     self.stopping.wait(self.idle_s)
                 elif not finished:
                     self.stopping.wait(self.poll_s)
+        except StorageError:
+            self._gone = True
+            log.error(
+                "the service stayed unreachable beyond the outage budget; outcomes not yet "
+                "reported are kept in %s",
+                self.outbox.path,
+            )
+            raise
         finally:
             self._shutdown()
             self.stopping.set()
@@ -183,6 +212,11 @@ class Worker:
         return done
 
     def _report(self, lease: dict[str, Any], outcome: Outcome) -> None:
+        """Keep the outcome on disk, report it, and forget it once the service answered
+        (a :class:`StorageError` leaves it kept: the service is away)."""
+        self.outbox.put(self.study_id, lease, outcome)
+        if self._gone:
+            return
         try:
             self.client.report(
                 lease["id"],
@@ -192,9 +226,15 @@ class Worker:
                 error=outcome.error,
                 log_tail=outcome.log_tail,
             )
-        except Conflict as exc:
+        except (Conflict, NotFound) as exc:
             log.warning("trial %s: report refused (%s); the lease was lost", lease["id"], exc)
+            self.outbox.done(self.study_id, lease["id"])
             return
+        except StorageError:  # kept on disk; the loop gives up (see ``_run``)
+            self._gone = True
+            return
+        self.outbox.done(self.study_id, lease["id"])
+        log.info("trial %s: reported %s", lease["id"], outcome.state)
         self.reported += 1
         if self.on_report is not None:
             self.on_report(lease, outcome)
@@ -229,8 +269,9 @@ class Worker:
                 time.sleep(self.poll_s)
         for tid, a in list(self._active.items()):
             self.runner.cancel(a.handle)
-            try:
-                self.client.release(tid, a.lease["lease_token"])
-            except CubicError as exc:
-                log.warning("trial %s: release failed: %s", tid, exc)
+            if not self._gone:
+                try:
+                    self.client.release(tid, a.lease["lease_token"])
+                except CubicError as exc:
+                    log.warning("trial %s: release failed: %s", tid, exc)
             self._active.pop(tid, None)

@@ -1,0 +1,134 @@
+"""Faults of a bad day in a data centre, against a real API process and real worker processes.
+
+Each test runs a study with ``cubic worker`` processes (the simulated runner, jobs of about
+a second), breaks something mid-study, and then checks, in SQL, what users rely on: the
+budget met exactly, no trial leased twice, every report the service accepted stored, every
+state change in order, and no worker exited before the study was done.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from cubic.client import CubicClient
+from cubic.store.engine import make_engine
+from cubic.store.schema import upgrade
+from tests.requirements import need
+from tests.service.conftest import spec
+from tests.service.faults import PgCluster, Workers, api_process, can_run_postgres, invariants
+from tests.service.faults import wait_for as wait_until
+
+BUDGET = 48
+
+
+def _finished(db_url: str, study_id: int) -> int:
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM cubic_trial WHERE study_id = :s AND state IN "
+                        "('complete', 'infeasible', 'failed', 'pruned')"
+                    ),
+                    {"s": study_id},
+                ).scalar_one()
+            )
+    except Exception:  # the database is down (the outage under test): not finished yet
+        return -1
+    finally:
+        engine.dispose()
+
+
+def _study(url: str, parallel: int) -> int:
+    body = spec(name="faults", budget={"max_trials": BUDGET, "max_parallel": parallel})
+    with CubicClient(url) as client:
+        return int(client.create_study(body)["id"])
+
+
+def _logs(workers: Workers) -> str:
+    return "\n".join(f"--- worker {i}\n{workers.log(i)[-1500:]}" for i in range(len(workers.procs)))
+
+
+def _mid_study(db_url: str, study_id: int, at_least: int) -> int:
+    wait_until(
+        f"{at_least} finished trials",
+        lambda: _finished(db_url, study_id) >= at_least,
+        timeout=300,
+        every=0.3,
+    )
+    done = _finished(db_url, study_id)
+    assert done < BUDGET, "the study ended before the fault: nothing was tested"
+    return done
+
+
+def test_api_killed_mid_study_16_workers_ride_through(db_url: str, tmp_path: Path) -> None:
+    """SIGKILL of the API with 16 workers busy, started again 10 s later on the same port."""
+    upgrade(db_url)
+    with api_process(db_url, tmp_path / "api.log") as api:
+        sid = _study(api.url, 16)
+        workers = Workers(api.url, sid, 16, tmp_path, job_s=1.0, lease_s=120)
+        try:
+            _mid_study(db_url, sid, 16)
+            api.kill()
+            time.sleep(10)
+            api.start()
+            codes = workers.wait(timeout=600)
+        finally:
+            workers.close()
+    logs = _logs(workers)
+    assert codes == [0] * 16, logs
+    assert "retrying" in logs  # the workers did meet the outage
+    everyone = list(range(16))
+    assert invariants(db_url, sid, BUDGET, workers.reported(everyone)) == [], logs
+
+
+def test_half_the_workers_killed_mid_study(db_url: str, tmp_path: Path) -> None:
+    """SIGKILL of 8 of 16 workers: their leases expire, their trials are retried by the
+    others, and what they reported before they died is kept."""
+    upgrade(db_url)
+    with api_process(db_url, tmp_path / "api.log") as api:
+        sid = _study(api.url, 16)
+        workers = Workers(api.url, sid, 16, tmp_path, job_s=1.0, lease_s=5)
+        try:
+            _mid_study(db_url, sid, 16)
+            workers.kill(list(range(8)))
+            codes = workers.wait(timeout=600)
+        finally:
+            workers.close()
+    logs = _logs(workers)
+    assert codes[8:] == [0] * 8, logs
+    everyone = list(range(16))
+    assert invariants(db_url, sid, BUDGET, workers.reported(everyone)) == [], logs
+
+
+@pytest.mark.postgres
+def test_postgres_outage_of_30_s_mid_study(tmp_path: Path) -> None:
+    """The database (a PostgreSQL cluster of the test's own) stops for 30 s mid-study."""
+    reason = can_run_postgres()
+    need("postgres", reason is None, reason or "")
+    pg = PgCluster()
+    try:
+        pg.start()
+        upgrade(pg.url)
+        with api_process(pg.url, tmp_path / "api.log") as api:
+            sid = _study(api.url, 8)
+            workers = Workers(api.url, sid, 8, tmp_path, job_s=1.0, lease_s=120)
+            try:
+                _mid_study(pg.url, sid, 8)
+                pg.stop()
+                time.sleep(30)
+                pg.start()
+                codes = workers.wait(timeout=600)
+            finally:
+                workers.close()
+        logs = _logs(workers)
+        assert codes == [0] * 8, logs
+        assert "retrying" in logs
+        assert invariants(pg.url, sid, BUDGET, workers.reported(list(range(8)))) == [], logs
+    finally:
+        pg.remove()
