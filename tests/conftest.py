@@ -10,6 +10,16 @@ import pytest
 pytest_plugins = ["tests.store.backends"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_outbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Workers of the tests keep unreported outcomes under the test run's folder, never in
+    the user's own outbox (:mod:`cubic.outbox`)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUBIC_OUTBOX", str(tmp_path_factory.mktemp("outbox")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a real uvicorn serving cubic on a fresh SQLite file, one per module."""

@@ -164,3 +164,112 @@ def test_poll_errors_are_retried_then_the_trial_fails(url: str) -> None:
         assert len(failed) == 1 and "lost track of the job" in failed[0]["error"]
         assert down.cancelled == 1
         assert list(down.errors.values()) == [MAX_POLL_ERRORS]
+
+
+def test_client_rides_through_an_outage_and_honours_retry_after(monkeypatch) -> None:
+    import cubic.client
+
+    waits: list[float] = []
+    monkeypatch.setattr(cubic.client.time, "sleep", waits.append)
+    calls = {"n": 0}
+
+    def away(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] <= 30:  # the API restarting: nobody listens
+            raise httpx.ConnectError("connection refused", request=request)
+        if calls["n"] <= 32:  # back, its database not yet
+            return httpx.Response(503, json={"detail": "db down"}, headers={"Retry-After": "2"})
+        return httpx.Response(200, json={"status": "ok"})
+
+    with CubicClient("http://cubic.test", transport=httpx.MockTransport(away)) as client:
+        assert client.healthz() == {"status": "ok"}
+    assert len(waits) == 32
+    assert waits[-2:] >= [2.0, 2.0]  # Retry-After is a floor
+    assert all(w <= 10.0 for w in waits[:30])  # backoff is capped
+    assert len(set(waits[10:30])) == 20  # and jittered: no two workers in step
+
+    # Beyond the budget: a one-line error that says so; creating something is not retried
+    # once it may have reached the server.
+    with CubicClient(
+        "http://cubic.test", transport=httpx.MockTransport(away), outage_s=0.0
+    ) as client:
+        calls["n"] = 0
+        with pytest.raises(StorageError, match="gave up after 0 s"):
+            client.healthz()
+
+
+def test_a_500_is_retried_a_few_times_only(monkeypatch) -> None:
+    import cubic.client
+
+    monkeypatch.setattr(cubic.client.time, "sleep", lambda s: None)
+    calls = {"n": 0}
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        return httpx.Response(500, json={"detail": "a bug"})
+
+    client = CubicClient("http://cubic.test", transport=httpx.MockTransport(broken))
+    with client, pytest.raises(StorageError, match="a bug"):
+        client.healthz()
+    assert calls["n"] == 4
+
+
+def test_an_outcome_computed_while_the_service_is_away_is_reported_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """The worker's client gives up (a 1 s budget) while its job runs; the outcome stays in
+    the outbox, and the next run of the worker reports it. One whose lease went to another
+    worker meanwhile is refused and forgotten."""
+    from cubic.outbox import Outbox
+    from cubic.store.schema import upgrade
+    from tests.service.faults import api_process, wait_for
+
+    db = f"sqlite:///{tmp_path / 'cubic.db'}"
+    upgrade(db)
+    box = Outbox(tmp_path / "outbox")
+    with api_process(db, tmp_path / "api.log") as api, CubicClient(api.url) as client:
+        sid = _study(client, 2, parallel=2)
+        worker = Worker(
+            CubicClient(api.url, outage_s=1.0),
+            sid,
+            make_runner("simulated", time_scale=0.2),  # 4 s jobs
+            worker_id="w",
+            lease_seconds=300,
+            outbox=box,
+        )
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run(max_trials=1)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_for("a running trial", lambda: bool(client.trials(sid, "running")["items"]), 60)
+        (running,) = client.trials(sid, "running")["items"]
+        api.kill()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], StorageError)
+        (kept,) = box.pending(sid)
+        assert kept[0]["id"] == running["id"] and kept[1].state in ("complete", "infeasible")
+
+        api.start()
+        assert client.trial(running["id"])["state"] == "running"  # nothing lost, nothing done
+        other = client.lease(sid, "someone-else", 1)[0]  # a second trial, leased elsewhere
+        box.put(sid, {**other, "lease_token": "stale"}, Outcome("failed", error="x"))
+        again = Worker(
+            CubicClient(api.url),
+            sid,
+            make_runner("simulated"),
+            worker_id="w",
+            outbox=box,
+        )
+        assert again.run(max_trials=1) == 1
+        stored = client.trial(running["id"])
+        assert stored["state"] == kept[1].state
+        assert (stored["metrics"] or {}) == kept[1].metrics
+        assert client.trial(other["id"])["state"] == "running"  # the stale report refused
+        assert box.pending(sid) == []
