@@ -28,6 +28,10 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 spaces_app = typer.Typer(no_args_is_help=True, help="Search spaces.")
 study_app = typer.Typer(no_args_is_help=True, help="Studies (search jobs).")
 sim_app = typer.Typer(no_args_is_help=True, help="The simulated cluster.")
+token_app = typer.Typer(
+    no_args_is_help=True, help="API tokens (on the service's database: an operator's tool)."
+)
+app.add_typer(token_app, name="token")
 app.add_typer(db_app, name="db")
 app.add_typer(spaces_app, name="spaces")
 app.add_typer(study_app, name="study")
@@ -78,6 +82,79 @@ def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+# tokens -------------------------------------------------------------------------------------
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="admin, submitter, worker or reader")],
+    name: Annotated[str | None, typer.Option(help="what the token is for")] = None,
+    study: Annotated[int | None, typer.Option(help="limit the token to this study")] = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create an API token and print its secret, once: only its digest is stored."""
+    from cubic.store import Store
+
+    with Store(_url(db)) as store:
+        record, secret = store.create_token(name or f"{role} token", role, study)
+    if json_out:
+        _print_json({**_token_row(record), "token": secret})
+        return
+    scope = f" for study {study}" if study is not None else ""
+    err_console.print(
+        f"token {record.id} ({record.role.value}{scope}); shown once, keep it secret:",
+        markup=False,
+    )
+    sys.stdout.write(secret + "\n")
+
+
+def _token_row(t: Any) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "name": t.name,
+        "role": t.role.value,
+        "study_id": t.study_id,
+        "created_at": t.created_at.isoformat(timespec="seconds"),
+        "last_used_at": t.last_used_at and t.last_used_at.isoformat(timespec="seconds"),
+        "revoked_at": t.revoked_at and t.revoked_at.isoformat(timespec="seconds"),
+    }
+
+
+@token_app.command("list")
+def token_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """Every token (never its secret), with when it was last used."""
+    from rich.table import Table
+
+    from cubic.store import Store
+
+    with Store(_url(db)) as store:
+        rows = [_token_row(t) for t in store.list_tokens()]
+    if json_out:
+        _print_json(rows)
+        return
+    table = Table("id", "name", "role", "study", "created", "last used", "revoked")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            r["role"],
+            "" if r["study_id"] is None else str(r["study_id"]),
+            r["created_at"],
+            r["last_used_at"] or "never",
+            r["revoked_at"] or "",
+        )
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int, db: DbOpt = None) -> None:
+    """Revoke a token for good: every later request with it gets 401."""
+    from cubic.store import Store
+
+    with Store(_url(db)) as store:
+        t = store.revoke_token(token_id)
+    console.print(f"token {t.id} ({t.name}) revoked")
 
 
 # spaces -------------------------------------------------------------------------------------
@@ -362,16 +439,45 @@ def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port")] = 8000,
     db: DbOpt = None,
+    auth: Annotated[
+        bool | None,
+        typer.Option(
+            "--auth/--no-auth",
+            help="require API tokens (default: on, unless it listens on loopback only)",
+        ),
+    ] = None,
 ) -> None:
     """Start the API on the configured database (one process; see README for more)."""
+    import ipaddress
+    import os
+
     import uvicorn
 
-    from cubic.config import Settings
     from cubic.store.engine import make_engine
     from cubic.store.schema import check_schema
     from service.app import create_app
+    from service.settings import ServiceSettings
 
-    settings = Settings(database_url=_url(db))
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if auth is None and "CUBIC_AUTH" not in os.environ:
+        auth = not loopback
+    overrides: dict[str, Any] = {"database_url": _url(db)}
+    if auth is not None:
+        overrides["auth"] = auth
+    settings = ServiceSettings.from_env(**overrides)
+    if not settings.auth:
+        warn = (
+            "" if loopback else " ON A NON-LOOPBACK ADDRESS: anyone who reaches it can do anything"
+        )
+        err_console.print(
+            f"authentication is off: the API on {host}:{port} needs no token{warn}"
+            + ("" if warn else " (it listens on loopback only; pass --auth to require tokens)"),
+            markup=False,
+            highlight=False,
+        )
     engine = make_engine(settings.database_url)
     try:
         check_schema(engine)  # refuse to start on an out-of-date schema, naming the command

@@ -14,12 +14,22 @@ exceptions, with the server's message.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 import httpx
 
-from cubic.errors import Conflict, CubicError, InvalidInput, LeaseLost, NotFound, StorageError
+from cubic.errors import (
+    Conflict,
+    CubicError,
+    Forbidden,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    StorageError,
+    Unauthorized,
+)
 from cubic.retry import DEFAULT_OUTAGE_S, Backoff, parse_retry_after
 
 log = logging.getLogger("cubic.client")
@@ -41,6 +51,10 @@ def _raise_for(resp: httpx.Response) -> None:
     if not isinstance(detail, str):
         detail = str(detail)
     kind = body.get("type", "")
+    if resp.status_code == 401:
+        raise Unauthorized(detail)
+    if resp.status_code == 403:
+        raise Forbidden(detail)
     if resp.status_code == 404:
         raise NotFound(detail)
     if resp.status_code == 409:
@@ -53,7 +67,9 @@ def _raise_for(resp: httpx.Response) -> None:
 
 
 class CubicClient:
-    """A client of one cubic service. Thread-safe (httpx.Client is)."""
+    """A client of one cubic service. Thread-safe (httpx.Client is).
+
+    ``token`` (default: ``$CUBIC_TOKEN``) is sent as ``Authorization: Bearer``."""
 
     def __init__(
         self,
@@ -63,13 +79,18 @@ class CubicClient:
         outage_s: float = DEFAULT_OUTAGE_S,
         backoff: float = 0.2,
         max_backoff: float = 10.0,
+        token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.outage_s = outage_s
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+        token = token if token is not None else os.environ.get("CUBIC_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout, transport=transport, headers=headers
+        )
 
     def close(self) -> None:
         self._http.close()

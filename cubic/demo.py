@@ -218,6 +218,8 @@ def run_service_demo(
                             f"demo-worker-{i}",
                             "--seed",
                             str(seed),
+                            "--log-level",
+                            "warning",
                         ],
                         env=env,
                         stdout=subprocess.DEVNULL,

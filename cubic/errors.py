@@ -63,3 +63,15 @@ class StorageError(CubicError):
     """
 
     status_code = 503
+
+
+class Unauthorized(CubicError):
+    """No valid API token came with the request (missing, unknown or revoked)."""
+
+    status_code = 401
+
+
+class Forbidden(CubicError):
+    """The token is valid, but its role or its study does not allow this."""
+
+    status_code = 403

@@ -90,8 +90,11 @@ class Tuner:
             yield
 
     # studies --------------------------------------------------------------------------
-    def create_study(self, spec: StudySpec, base: Path | None = None) -> Study:
-        """Store a study (workload and space inlined) and enqueue its baseline first."""
+    def create_study(
+        self, spec: StudySpec, base: Path | None = None, owner_token_id: int | None = None
+    ) -> Study:
+        """Store a study (workload and space inlined) and enqueue its baseline first;
+        ``owner_token_id`` is the API token that submitted it."""
         resolved = spec.resolve(base)
         if resolved.spec.strategy.name == "grid" and not resolved.space.is_finite:
             raise InvalidInput("strategy 'grid' needs a finite space", field="strategy.name")
@@ -99,7 +102,11 @@ class Tuner:
             _refuse_unfit(resolved)
         stored = resolved.spec.model_dump(mode="json")
         study = self.store.create_study(
-            spec.name, stored, resolved.workload.kind, max_attempts=spec.max_attempts
+            spec.name,
+            stored,
+            resolved.workload.kind,
+            max_attempts=spec.max_attempts,
+            owner_token_id=owner_token_id,
         )
         if spec.baseline is not None:
             params = {k: v for k, v in spec.baseline.items() if k in resolved.space.names}

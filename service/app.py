@@ -33,7 +33,7 @@ from cubic.store.engine import make_engine
 from cubic.tuner import Tuner
 from service import errors
 from service.metrics import REAPED, observe_proxy_fit
-from service.routes import health, studies, trials
+from service.routes import health, studies, tokens, trials
 from service.settings import ServiceSettings
 
 log = logging.getLogger("cubic.service")
@@ -163,4 +163,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(studies.router)
     app.include_router(trials.router)
+    app.include_router(tokens.router)
     return app

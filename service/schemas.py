@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cubic.store.objects import Study, StudyState, Trial, TrialEvent, TrialState
+from cubic.store.objects import ApiToken, Role, Study, StudyState, Trial, TrialEvent, TrialState
 
 MAX_LOG_TAIL = 64 * 1024
 
@@ -484,3 +484,46 @@ objective: tokens_per_s
 budget: {max_trials: 64, max_parallel: 8}
 strategy: {name: tpe, seed: 0}
 """
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+class TokenRequest(_In):
+    """A token to create: a name to recognise it by, its role, optionally one study."""
+
+    name: str = Field(min_length=1, max_length=255, examples=["slurm-workers"])
+    role: Role
+    study_id: int | None = Field(None, ge=1, le=2**31 - 1, description="limit it to this study")
+
+
+class TokenOut(BaseModel):
+    """A token's record; its secret is never shown again after creation."""
+
+    id: int
+    name: str
+    role: Role
+    study_id: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_token(cls, t: ApiToken) -> TokenOut:
+        return cls(
+            id=t.id,
+            name=t.name,
+            role=t.role,
+            study_id=t.study_id,
+            created_at=t.created_at,
+            last_used_at=t.last_used_at,
+            revoked_at=t.revoked_at,
+        )
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret: send it as 'Authorization: Bearer <token>'")
+
+
+class TokensOut(BaseModel):
+    tokens: list[TokenOut]

@@ -25,6 +25,8 @@ class ServiceSettings(Settings):
     ``CUBIC_SPACES_DIR``: where a submitted spec's relative ``space:`` file is looked up
     when it is not found relative to the server's working directory.
     ``CUBIC_DB_POOL_SIZE`` / ``CUBIC_DB_MAX_OVERFLOW``: database connections per process.
+    ``CUBIC_AUTH``: whether requests need an API token (on unless turned off; ``cubic
+    serve`` turns it off when it listens on loopback only, and says so).
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
@@ -35,6 +37,7 @@ class ServiceSettings(Settings):
     spaces_dir: Path = Path("search_spaces")
     db_pool_size: int = Field(10, ge=1, le=1000)
     db_max_overflow: int = Field(20, ge=0, le=1000)
+    auth: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

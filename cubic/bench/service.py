@@ -46,7 +46,12 @@ def pg_schema(base_url: str) -> Any:
 def api_server(db_url: str, api_workers: int) -> Iterator[str]:
     """``uvicorn --workers N`` serving cubic on ``db_url``; yields its base URL."""
     port = free_port()
-    env = {**os.environ, "CUBIC_DATABASE_URL": db_url, "CUBIC_REAP_INTERVAL_S": "2"}
+    env = {
+        **os.environ,
+        "CUBIC_DATABASE_URL": db_url,
+        "CUBIC_REAP_INTERVAL_S": "2",
+        "CUBIC_AUTH": "false",  # on loopback, for this process's own clients
+    }
     # a file, not a pipe: nobody reads a pipe while the server runs, and a full one blocks it
     with tempfile.TemporaryFile() as errors:
         yield from _serve(api_workers, env, port, errors)

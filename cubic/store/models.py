@@ -91,6 +91,9 @@ class StudyRow(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The token that created the study (a submitter manages its own); no foreign key, so
+    # that a study outlives its token.
+    owner_token_id: Mapped[int | None] = mapped_column(Integer)
 
 
 class TrialRow(Base):
@@ -149,3 +152,34 @@ class ProxyModelRow(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     model: Mapped[dict[str, Any]] = mapped_column(JSON)
     features: Mapped[list[str]] = mapped_column(JSON)
+
+
+ROLE_CHECK = "role IN ('admin', 'submitter', 'worker', 'reader')"
+
+
+class ApiTokenRow(Base):
+    """An API token: only the SHA-256 digest of its secret is kept."""
+
+    __tablename__ = "cubic_api_token"
+    __table_args__ = (CheckConstraint(ROLE_CHECK, name="role"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    study_id: Mapped[int | None] = mapped_column(Integer)  # a token for one study only
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WorkerIdentityRow(Base):
+    """Which token a worker id belongs to: the first one that leased with it."""
+
+    __tablename__ = "cubic_worker_identity"
+
+    worker_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    token_id: Mapped[int] = mapped_column(
+        ForeignKey("cubic_api_token.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -62,6 +62,34 @@ class Study:
     max_attempts: int
     created_at: datetime
     updated_at: datetime
+    owner_token_id: int | None = None
+
+
+class Role(StrEnum):
+    """What a token may do: readers read; submitters create and manage their own studies;
+    workers lease, heartbeat, report and release; admins everything."""
+
+    ADMIN = "admin"
+    SUBMITTER = "submitter"
+    WORKER = "worker"
+    READER = "reader"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """An API token's record (never its secret). ``study_id`` limits it to one study."""
+
+    id: int
+    name: str
+    role: Role
+    study_id: int | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
 
 
 @dataclass(frozen=True, slots=True)

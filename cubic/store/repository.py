@@ -14,9 +14,11 @@ database. On SQLite every writing transaction starts with ``BEGIN IMMEDIATE`` (s
 from __future__ import annotations
 
 import copy
+import hashlib
 import hmac
 import json
 import os
+import secrets
 import threading
 import uuid
 import zlib
@@ -25,7 +27,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -41,10 +43,19 @@ from cubic.errors import (
 )
 from cubic.store import schema
 from cubic.store.engine import WRITE_OPTION, is_postgresql, make_engine
-from cubic.store.models import ProxyModelRow, StudyRow, TrialEventRow, TrialRow
+from cubic.store.models import (
+    ApiTokenRow,
+    ProxyModelRow,
+    StudyRow,
+    TrialEventRow,
+    TrialRow,
+    WorkerIdentityRow,
+)
 from cubic.store.objects import (
     TRIAL_SOURCES,
+    ApiToken,
     ProxyModelVersion,
+    Role,
     Study,
     StudyState,
     Trial,
@@ -141,9 +152,15 @@ class Store:
     # -- studies ----------------------------------------------------------------------------
 
     def create_study(
-        self, name: str, spec: dict[str, Any], workload_kind: str, max_attempts: int = 3
+        self,
+        name: str,
+        spec: dict[str, Any],
+        workload_kind: str,
+        max_attempts: int = 3,
+        owner_token_id: int | None = None,
     ) -> Study:
-        """Create a running study. ``max_attempts`` caps how often one config is tried."""
+        """Create a running study. ``max_attempts`` caps how often one config is tried;
+        ``owner_token_id`` is the token that submitted it."""
         if not isinstance(name, str) or not name.strip():
             raise InvalidInput("study name must be a non-empty string")
         if not isinstance(workload_kind, str) or not workload_kind.strip():
@@ -161,10 +178,103 @@ class Store:
                 max_attempts=max_attempts,
                 created_at=now,
                 updated_at=now,
+                owner_token_id=owner_token_id,
             )
             s.add(row)
             s.flush()
             return _study(row)
+
+    # -- API tokens -------------------------------------------------------------------------
+
+    def create_token(
+        self, name: str, role: Role | str, study_id: int | None = None
+    ) -> tuple[ApiToken, str]:
+        """A new token; returns its record and its secret, which is not stored (only its
+        digest is) and so can be shown once."""
+        try:
+            role = Role(role)
+        except ValueError:
+            raise InvalidInput(
+                f"role: expected one of {', '.join(r.value for r in Role)}, got {role!r}",
+                field="role",
+            ) from None
+        if not isinstance(name, str) or not name.strip() or len(name) > 255:
+            raise InvalidInput("name: 1 to 255 characters", field="name")
+        if study_id is not None:
+            self.get_study(study_id)  # NotFound for an unknown study
+        secret = "cubic_" + secrets.token_urlsafe(32)
+        with self._session(write=True) as s:
+            row = ApiTokenRow(
+                name=name,
+                role=role.value,
+                study_id=study_id,
+                digest=token_digest(secret),
+                created_at=_utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            return _token(row), secret
+
+    def token_for(self, secret: str, touch_after_s: float = 60.0) -> ApiToken | None:
+        """The token whose secret this is (revoked ones included), or None. Its
+        ``last_used_at`` is brought up to date at most every ``touch_after_s``."""
+        now = _utcnow()
+        with self._session(write=False) as s:
+            row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.digest == token_digest(secret)))
+            if row is None:
+                return None
+            token = _token(row)
+        last = token.last_used_at
+        if token.revoked_at is None and (
+            last is None or (now - last).total_seconds() > touch_after_s
+        ):
+            with self._session(write=True) as s:
+                s.execute(
+                    update(ApiTokenRow).where(ApiTokenRow.id == token.id).values(last_used_at=now)
+                )
+        return token
+
+    def list_tokens(self) -> list[ApiToken]:
+        with self._session(write=False) as s:
+            return [_token(r) for r in s.scalars(select(ApiTokenRow).order_by(ApiTokenRow.id))]
+
+    def revoke_token(self, token_id: int) -> ApiToken:
+        """Revoke a token for good (revoking it again changes nothing)."""
+        with self._session(write=True) as s:
+            row = s.get(ApiTokenRow, token_id)
+            if row is None:
+                raise NotFound(f"token {token_id} does not exist")
+            if row.revoked_at is None:
+                row.revoked_at = _utcnow()
+            return _token(row)
+
+    def bind_worker(self, worker_id: str, token_id: int) -> int:
+        """Bind a worker id to the token that first uses it; returns the token it is bound
+        to (another one's: the caller may not act as that worker)."""
+        with self._session(write=True) as s:
+            row = s.get(WorkerIdentityRow, worker_id)
+            if row is not None:
+                return row.token_id
+        try:
+            with self._session(write=True) as s:
+                s.add(
+                    WorkerIdentityRow(worker_id=worker_id, token_id=token_id, created_at=_utcnow())
+                )
+            return token_id
+        except StorageError:  # another request bound it first
+            with self._session(write=False) as s:
+                row = s.get(WorkerIdentityRow, worker_id)
+                if row is None:
+                    raise
+                return row.token_id
+
+    def worker_token(self, worker_id: str | None) -> int | None:
+        """The token a worker id is bound to, if any."""
+        if worker_id is None:
+            return None
+        with self._session(write=False) as s:
+            row = s.get(WorkerIdentityRow, worker_id)
+            return None if row is None else row.token_id
 
     def get_study(self, study_id: int) -> Study:
         with self._session(write=False) as s:
@@ -896,7 +1006,26 @@ def _study(row: StudyRow) -> Study:
         max_attempts=row.max_attempts,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        owner_token_id=row.owner_token_id,
     )
+
+
+def _token(row: ApiTokenRow) -> ApiToken:
+    return ApiToken(
+        id=row.id,
+        name=row.name,
+        role=Role(row.role),
+        study_id=row.study_id,
+        created_at=row.created_at,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
+    )
+
+
+def token_digest(secret: str) -> str:
+    """SHA-256 of a token's secret: what the database keeps. The secrets are 256 random
+    bits, so a slow password hash would add latency to every request and no safety."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _trial(row: TrialRow) -> Trial:

@@ -7,6 +7,7 @@ from fastapi.responses import PlainTextResponse
 
 from cubic.store.objects import StudyState
 from cubic.store.schema import check_schema
+from service.auth import AnyRole
 from service.deps import StoreDep
 from service.metrics import CONTENT_TYPE, exposition, gauge
 
@@ -31,7 +32,7 @@ def readyz(store: StoreDep) -> dict[str, str]:
 @router.get(
     "/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE: {}}}}
 )
-def metrics(store: StoreDep) -> PlainTextResponse:
+def metrics(caller: AnyRole, store: StoreDep) -> PlainTextResponse:
     """Prometheus text format: this process's latencies and the trial counts per state.
 
     Trial counts are read now, for running and paused studies only (finished studies do

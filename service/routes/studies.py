@@ -9,10 +9,13 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from cubic.errors import InvalidInput, NotFound
+from cubic.errors import Forbidden, InvalidInput, NotFound
+from cubic.space import Space, SpaceError
 from cubic.store.objects import StudyState
 from cubic.study import StudySpec, parse_spec
 from cubic.tuner import Tuner
+from cubic.workload import PRESETS
+from service.auth import AnyRole, Caller, SubmitterRole
 from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
 from service.schemas import (
     STUDY_SPEC_EXAMPLE,
@@ -72,42 +75,47 @@ def parse_body(body: bytes, media: str) -> Any:
     )
 
 
-def spec_base(spec: StudySpec, settings: ServiceSettings) -> Path:
-    """Where the spec's relative file references resolve: the server's working directory,
-    or else its spaces folder. Only plain relative paths are accepted: a client must not
-    make the server read files outside those folders."""
-    cwd = Path.cwd()
-    spaces = settings.spaces_dir if settings.spaces_dir.is_absolute() else cwd / settings.spaces_dir
-    base = cwd
-    for name in ("workload", "space"):
-        ref = getattr(spec, name)
-        if not isinstance(ref, str) or not (ref.endswith(_FILE_SUFFIXES) or "/" in ref):
-            continue  # inline, or a preset name
-        path = Path(ref)
-        if path.is_absolute() or ".." in path.parts:
+def server_side_refs(spec: StudySpec, settings: ServiceSettings) -> StudySpec:
+    """The spec with what it names on the server inlined: a ``space:`` file from the
+    server's spaces folder (``CUBIC_SPACES_DIR``) and nothing else, a ``workload:`` preset
+    by name. Nothing else is read from disk: a client must not make the server open its
+    files."""
+    update: dict[str, Any] = {}
+    if isinstance(spec.workload, str):
+        if spec.workload not in PRESETS:
             raise InvalidInput(
-                f"{name}: {ref!r}: give a path relative to the server's spaces "
-                "folder, or the content inline",
-                field=name,
+                f"workload: {spec.workload!r} is not a preset ({', '.join(sorted(PRESETS))}); "
+                "send the workload inline",
+                field="workload",
             )
-        if name != "space" or (cwd / path).is_file():
-            continue
-        if not (spaces / path).is_file():
+        update["workload"] = PRESETS[spec.workload].to_dict()
+    if isinstance(spec.space, str):
+        spaces = settings.spaces_dir.resolve()
+        path = (spaces / spec.space).resolve()
+        if (
+            Path(spec.space).is_absolute()
+            or not path.is_relative_to(spaces)
+            or path.suffix not in _FILE_SUFFIXES
+            or not path.is_file()
+        ):
             raise InvalidInput(
-                f"space: no file {ref!r} in the server's spaces folder; send "
-                "the space inline instead",
+                f"space: no space file {spec.space!r} in the server's spaces folder; "
+                "send the space inline instead",
                 field="space",
             )
-        base = spaces
-    return base
+        try:
+            update["space"] = Space.from_yaml(path).to_dict()
+        except SpaceError as exc:
+            raise InvalidInput(f"space: {exc}", field="space") from exc
+    return spec.model_copy(update=update)
 
 
 _SPEC_OPENAPI = {
     "requestBody": {
         "required": True,
-        "description": "The study spec, as in a study file; relative `space:` files are "
-        "looked up in the server's working directory, then in its spaces "
-        "folder (`CUBIC_SPACES_DIR`).",
+        "description": "The study spec, as in a study file; a `space:` file name is "
+        "looked up in the server's spaces folder (`CUBIC_SPACES_DIR`) only, "
+        "a `workload:` name must be a preset.",
         "content": {
             "application/json": {
                 "schema": StudySpec.model_json_schema(),
@@ -130,6 +138,7 @@ _SPEC_OPENAPI = {
     },
 )
 def create_study(
+    caller: SubmitterRole,
     body: Annotated[tuple[bytes, str], Depends(spec_body)],
     request: Request,
     response: Response,
@@ -137,20 +146,35 @@ def create_study(
     settings: SettingsDep,
 ) -> StudyOut:
     """Create a study from its spec; its baseline (if any) is queued as the first trial."""
+    if caller.token is not None and caller.token.study_id is not None:
+        raise Forbidden("a token limited to one study cannot create studies")
     spec = parse_spec(parse_body(*body), "spec")
-    study = tuner.create_study(spec, spec_base(spec, settings))
+    study = tuner.create_study(server_side_refs(spec, settings), owner_token_id=caller.token_id)
     response.headers["Location"] = request.app.url_path_for("get_study", study_id=study.id)
     return StudyOut.from_study(study)
 
 
 @router.get("/studies", response_model=StudyPage)
 def list_studies(
+    caller: AnyRole,
     store: StoreDep,
     page: PageDep,
     state: Annotated[StudyState | None, Query()] = None,
     kind: Annotated[str | None, Query(description="workload kind: llm, dlrm")] = None,
 ) -> StudyPage:
-    """Studies in creation order."""
+    """Studies in creation order (a token limited to one study sees that one)."""
+    if caller.token is not None and caller.token.study_id is not None:
+        only = store.get_study(caller.token.study_id)
+        match = (state is None or only.state == state) and (
+            kind is None or only.workload_kind == kind
+        )
+        items = [only] if match else []
+        return StudyPage(
+            items=[StudyOut.from_study(s) for s in items[page.offset : page.offset + page.limit]],
+            total=len(items),
+            limit=page.limit,
+            offset=page.offset,
+        )
     items = store.list_studies(state, kind, limit=page.limit, offset=page.offset)
     return StudyPage(
         items=[StudyOut.from_study(s) for s in items],
@@ -171,13 +195,15 @@ def progress(tuner: Tuner, study_id: int) -> ProgressOut:
 
 
 @router.get("/studies/{study_id:int}", response_model=StudyOut)
-def get_study(study_id: int, tuner: TunerDep) -> StudyOut:
+def get_study(study_id: int, caller: AnyRole, tuner: TunerDep) -> StudyOut:
     """A study with its progress: trials per state, the budget, the best value so far."""
+    caller.check_study(study_id)
     study = tuner.store.get_study(study_id)
     return StudyOut.from_study(study, progress(tuner, study_id))
 
 
-def _set_state(tuner: Tuner, study_id: int, state: StudyState) -> StudyOut:
+def _set_state(caller: Caller, tuner: Tuner, study_id: int, state: StudyState) -> StudyOut:
+    caller.check_owner(tuner.store.get_study(study_id))
     return StudyOut.from_study(tuner.set_state(study_id, state))
 
 
@@ -185,27 +211,27 @@ _409 = {409: {"description": "the study's state does not allow it (archived is f
 
 
 @router.post("/studies/{study_id:int}:pause", response_model=StudyOut, responses=_409)
-def pause_study(study_id: int, tuner: TunerDep) -> StudyOut:
+def pause_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Stop handing out new trials; running ones finish. Only a running study pauses."""
-    return _set_state(tuner, study_id, StudyState.PAUSED)
+    return _set_state(caller, tuner, study_id, StudyState.PAUSED)
 
 
 @router.post("/studies/{study_id:int}:resume", response_model=StudyOut, responses=_409)
-def resume_study(study_id: int, tuner: TunerDep) -> StudyOut:
+def resume_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Hand out trials again; only a paused study resumes."""
-    return _set_state(tuner, study_id, StudyState.RUNNING)
+    return _set_state(caller, tuner, study_id, StudyState.RUNNING)
 
 
 @router.post("/studies/{study_id:int}:stop", response_model=StudyOut, responses=_409)
-def stop_study(study_id: int, tuner: TunerDep) -> StudyOut:
+def stop_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """End a running or paused study for good before its budget is spent."""
-    return _set_state(tuner, study_id, StudyState.STOPPED)
+    return _set_state(caller, tuner, study_id, StudyState.STOPPED)
 
 
 @router.post("/studies/{study_id:int}:archive", response_model=StudyOut, responses=_409)
-def archive_study(study_id: int, tuner: TunerDep) -> StudyOut:
+def archive_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Freeze a study: final, no trial is added to it again."""
-    return _set_state(tuner, study_id, StudyState.ARCHIVED)
+    return _set_state(caller, tuner, study_id, StudyState.ARCHIVED)
 
 
 @router.get(
@@ -213,8 +239,9 @@ def archive_study(study_id: int, tuner: TunerDep) -> StudyOut:
     response_model=BestOut,
     responses={404: {"description": "unknown study, or nothing complete yet"}},
 )
-def best(study_id: int, tuner: TunerDep) -> BestOut:
+def best(study_id: int, caller: AnyRole, tuner: TunerDep) -> BestOut:
     """The best complete trial that respects the constraints, against the baseline."""
+    caller.check_study(study_id)
     b = tuner.best(study_id)
     if b is None:
         raise NotFound(f"study {study_id} has no complete trial within its constraints yet")

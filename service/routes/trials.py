@@ -9,6 +9,8 @@ from fastapi import APIRouter, Query
 
 from cubic.outcome import Outcome
 from cubic.store.objects import TrialState
+from cubic.tuner import Tuner
+from service.auth import AnyRole, Caller, SubmitterRole, WorkerRole
 from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from service.schemas import (
@@ -39,6 +41,7 @@ _LEASE_409 = {
 @router.get("/studies/{study_id:int}/trials", response_model=TrialPage)
 def list_trials(
     study_id: int,
+    caller: AnyRole,
     store: StoreDep,
     page: PageDep,
     state: Annotated[
@@ -46,6 +49,7 @@ def list_trials(
     ] = None,
 ) -> TrialPage:
     """A study's trials in number order."""
+    caller.check_study(study_id)
     items = store.list_trials(study_id, states=state, limit=page.limit, offset=page.offset)
     counts = store.count_trials(study_id)
     total = sum(n for s, n in counts.items() if state is None or s in state)
@@ -58,18 +62,24 @@ def list_trials(
 
 
 @router.get("/trials/{trial_id:int}", response_model=TrialOut)
-def get_trial(trial_id: int, store: StoreDep) -> TrialOut:
+def get_trial(trial_id: int, caller: AnyRole, store: StoreDep) -> TrialOut:
     """A trial with its state transitions."""
-    return TrialOut.from_trial(store.get_trial(trial_id), store.trial_events(trial_id))
+    trial = store.get_trial(trial_id)
+    caller.check_study(trial.study_id)
+    return TrialOut.from_trial(trial, store.trial_events(trial_id))
 
 
 @router.post("/studies/{study_id:int}/trials:lease", response_model=LeaseOut)
-def lease(study_id: int, req: LeaseRequest, tuner: TunerDep, settings: SettingsDep) -> LeaseOut:
+def lease(
+    study_id: int, req: LeaseRequest, caller: WorkerRole, tuner: TunerDep, settings: SettingsDep
+) -> LeaseOut:
     """Lease up to ``count`` trials, proposing new ones when none wait.
 
     Idempotent per worker: asking again returns the trials the worker already holds (their
     leases extended) before any new one, so a restarted worker loses nothing.
     """
+    caller.check_study(study_id)
+    caller.check_worker(tuner.store, req.worker_id)
     seconds = req.lease_seconds or settings.default_lease_s
     with LEASE_LATENCY.time():
         trials = tuner.ask(study_id, req.worker_id, req.count, seconds)
@@ -79,21 +89,27 @@ def lease(study_id: int, req: LeaseRequest, tuner: TunerDep, settings: SettingsD
 
 @router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)
 def heartbeat(
-    trial_id: int, req: HeartbeatRequest, tuner: TunerDep, settings: SettingsDep
+    trial_id: int,
+    req: HeartbeatRequest,
+    caller: WorkerRole,
+    tuner: TunerDep,
+    settings: SettingsDep,
 ) -> TrialOut:
     """Extend a lease to now + ``lease_seconds``."""
+    _check_holder(caller, tuner, trial_id)
     seconds = req.lease_seconds or settings.default_lease_s
     return TrialOut.from_trial(tuner.heartbeat(trial_id, req.lease_token, seconds))
 
 
 @router.post("/trials/{trial_id:int}:report", response_model=TrialOut, responses=_LEASE_409)
-def report(trial_id: int, req: ReportRequest, tuner: TunerDep) -> TrialOut:
+def report(trial_id: int, req: ReportRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
     """Record how a leased trial ended.
 
     Idempotent per lease token: resending the same report after a lost answer returns the
     same trial and changes nothing. A report under a lease that expired (and whose trial
     was retried elsewhere) is refused with 409 ``LeaseLost``.
     """
+    _check_holder(caller, tuner, trial_id)
     outcome = Outcome(req.state, req.metrics, req.error, req.log_tail)
     with REPORT_LATENCY.time():
         trial = tuner.tell(trial_id, req.lease_token, outcome)
@@ -101,24 +117,40 @@ def report(trial_id: int, req: ReportRequest, tuner: TunerDep) -> TrialOut:
 
 
 @router.post("/trials/{trial_id:int}:release", response_model=TrialOut, responses=_LEASE_409)
-def release(trial_id: int, req: ReleaseRequest, tuner: TunerDep) -> TrialOut:
+def release(trial_id: int, req: ReleaseRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
     """Give a leased trial back unrun (a worker shutting down); it waits for another."""
+    _check_holder(caller, tuner, trial_id)
     return TrialOut.from_trial(tuner.release(trial_id, req.lease_token))
 
 
 @router.post("/studies/{study_id:int}/trials:enqueue", status_code=201, response_model=TrialsOut)
-def enqueue(study_id: int, req: EnqueueRequest, tuner: TunerDep) -> TrialsOut:
+def enqueue(
+    study_id: int, req: EnqueueRequest, caller: SubmitterRole, tuner: TunerDep
+) -> TrialsOut:
     """Queue configs to run before the strategy's own proposals, checked against the space."""
+    caller.check_owner(tuner.store.get_study(study_id))
     return TrialsOut(trials=[TrialOut.from_trial(t) for t in tuner.enqueue(study_id, req.configs)])
 
 
 @router.post("/studies/{study_id:int}/trials:import", status_code=201, response_model=TrialsOut)
-def import_history(study_id: int, req: ImportRequest, tuner: TunerDep) -> TrialsOut:
+def import_history(
+    study_id: int, req: ImportRequest, caller: SubmitterRole, tuner: TunerDep
+) -> TrialsOut:
     """Add past runs as finished trials: the search learns from them, the budget is untouched.
 
     A complete run that breaks the study's constraints is stored as ``infeasible``.
     """
+    caller.check_owner(tuner.store.get_study(study_id))
     records = [(t.params, t.state, t.metrics) for t in req.trials]
     return TrialsOut(
         trials=[TrialOut.from_trial(t) for t in tuner.import_history(study_id, records)]
     )
+
+
+def _check_holder(caller: Caller, tuner: Tuner, trial_id: int) -> None:
+    """The lease of a trial is its worker's: another token may not touch it."""
+    if caller.token is None:
+        return
+    trial = tuner.store.get_trial(trial_id)
+    caller.check_study(trial.study_id)
+    caller.check_lease_holder(tuner.store, trial.worker_id)

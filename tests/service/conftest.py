@@ -63,7 +63,12 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def service_settings(url: str, **overrides: Any) -> ServiceSettings:
-    values: dict[str, Any] = {"database_url": url, "reap_interval_s": 0.2, "spaces_dir": SPACES}
+    values: dict[str, Any] = {
+        "database_url": url,
+        "reap_interval_s": 0.2,
+        "spaces_dir": SPACES,
+        "auth": False,  # the role tests turn it on
+    }
     values.update(overrides)
     return ServiceSettings(**values)
 

@@ -51,6 +51,7 @@ class ApiProcess:
             **os.environ,
             "CUBIC_DATABASE_URL": db_url,
             "CUBIC_REAP_INTERVAL_S": "1",
+            "CUBIC_AUTH": "false",
             "CUBIC_SPACES_DIR": str(REPO / "search_spaces"),
             **env,
         }

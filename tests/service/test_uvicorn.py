@@ -93,10 +93,22 @@ def uvicorn(db_url: str, tmp_path: Path, workers: int = 1) -> Iterator[str]:
             log.close()
 
 
-def worker(url: str, study: dict[str, Any], name: str) -> list[int]:
+def tokens(db_url: str) -> dict[str, dict[str, str]]:
+    """Authorization headers of a submitter and a worker token, as an operator makes them:
+    the API is deployed as users run it, with authentication on."""
+    from cubic.store import Store
+
+    with Store(db_url) as store:
+        return {
+            role: {"Authorization": f"Bearer {store.create_token(role, role)[1]}"}
+            for role in ("submitter", "worker")
+        }
+
+
+def worker(url: str, study: dict[str, Any], name: str, headers: dict[str, str]) -> list[int]:
     """A worker's loop: lease two, run them, report; stop when the study says so."""
     done: list[int] = []
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as http:
         while True:
             resp = http.post(
                 f"/v1/studies/{study['id']}/trials:lease",
@@ -115,7 +127,9 @@ def worker(url: str, study: dict[str, Any], name: str) -> list[int]:
                 done.append(t["id"])
 
 
-def drive(url: str, workers: int, max_trials: int) -> tuple[dict[str, Any], list[list[int]]]:
+def drive(
+    url: str, workers: int, max_trials: int, auth: dict[str, dict[str, str]]
+) -> tuple[dict[str, Any], list[list[int]]]:
     """Create a study over HTTP (as YAML) and run it to its end with ``workers`` threads."""
     import yaml
 
@@ -127,38 +141,49 @@ def drive(url: str, workers: int, max_trials: int) -> tuple[dict[str, Any], list
         )
     )
     resp = httpx.post(
-        f"{url}/v1/studies", content=text, headers={"Content-Type": "application/yaml"}, timeout=30
+        f"{url}/v1/studies",
+        content=text,
+        headers={"Content-Type": "application/yaml", **auth["submitter"]},
+        timeout=30,
     )
     assert resp.status_code == 201, resp.text
     study = resp.json()
     with ThreadPoolExecutor(workers) as pool:
-        done = list(pool.map(lambda i: worker(url, study, f"w{i}"), range(workers)))
+        done = list(pool.map(lambda i: worker(url, study, f"w{i}", auth["worker"]), range(workers)))
     return study, done
 
 
-def check_finished(url: str, study: dict[str, Any], done: list[list[int]], max_trials: int) -> None:
+def check_finished(
+    url: str,
+    study: dict[str, Any],
+    done: list[list[int]],
+    max_trials: int,
+    auth: dict[str, dict[str, str]],
+) -> None:
     reported = [tid for batch in done for tid in batch]
+    http = httpx.Client(base_url=url, headers=auth["submitter"], timeout=30)
     assert len(reported) == len(set(reported)), "a trial was run twice"
-    got = httpx.get(f"{url}/v1/studies/{study['id']}").json()
+    got = http.get(f"/v1/studies/{study['id']}").json()
     assert got["state"] == "completed"
-    trials = httpx.get(f"{url}/v1/studies/{study['id']}/trials", params={"limit": 500}).json()[
-        "items"
-    ]
+    trials = http.get(f"/v1/studies/{study['id']}/trials", params={"limit": 500}).json()["items"]
     assert sorted(t["id"] for t in trials) == sorted(reported)
     assert [t["number"] for t in trials] == list(range(len(trials)))
     assert sum(t["attempt"] == 1 for t in trials) == max_trials  # never past the budget
-    best = httpx.get(f"{url}/v1/studies/{study['id']}/best").json()
+    best = http.get(f"/v1/studies/{study['id']}/best").json()
     assert best["speedup"] >= 1.0
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = http.get("/metrics").text
     assert "cubic_lease_latency_seconds_bucket" in metrics
+    assert httpx.get(f"{url}/metrics").status_code == 401  # nothing without a token
+    http.close()
 
 
 def test_one_process_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cubic.db'}"
     upgrade(url)
+    auth = tokens(url)
     with uvicorn(url, tmp_path) as base:
-        study, done = drive(base, workers=4, max_trials=16)
-        check_finished(base, study, done, 16)
+        study, done = drive(base, workers=4, max_trials=16, auth=auth)
+        check_finished(base, study, done, 16, auth)
 
 
 @pytest.mark.postgres
@@ -166,6 +191,7 @@ def test_one_process_on_sqlite(tmp_path: Path) -> None:
 def test_four_processes_share_postgresql(db_url: str, tmp_path: Path) -> None:
     # Only PostgreSQL: on SQLite the proposal lock is per process (see cubic.store).
     upgrade(db_url)
+    auth = tokens(db_url)
     with uvicorn(db_url, tmp_path, workers=4) as base:
-        study, done = drive(base, workers=8, max_trials=40)
-        check_finished(base, study, done, 40)
+        study, done = drive(base, workers=8, max_trials=40, auth=auth)
+        check_finished(base, study, done, 40, auth)

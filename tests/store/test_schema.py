@@ -13,11 +13,18 @@ from cubic.store.engine import make_engine
 from cubic.store.models import Base
 from cubic.store.schema import MIGRATIONS_DIR, VERSION_TABLE
 
-CUBIC_TABLES = {"cubic_study", "cubic_trial", "cubic_trial_event", "cubic_proxy_model"}
+CUBIC_TABLES = {
+    "cubic_study",
+    "cubic_trial",
+    "cubic_trial_event",
+    "cubic_proxy_model",
+    "cubic_api_token",
+    "cubic_worker_identity",
+}
 
 
 def test_head_revision_is_the_initial_migration() -> None:
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
     assert (MIGRATIONS_DIR / "env.py").is_file()
 
@@ -45,7 +52,7 @@ def test_upgrade_reaches_head_and_matches_models(db_url: str) -> None:
 def test_empty_database_is_refused(db_url: str) -> None:
     with pytest.raises(SchemaOutOfDate, match="run `cubic db upgrade`") as info:
         Store(db_url)
-    assert "cubic needs 0001" in str(info.value)
+    assert "cubic needs 0002" in str(info.value)
     assert info.value.status_code == 503
 
 
@@ -70,7 +77,7 @@ def test_unknown_revision_is_refused(db_url: str) -> None:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '0000'")
-        with pytest.raises(SchemaOutOfDate, match="schema is at 0000, cubic needs 0001"):
+        with pytest.raises(SchemaOutOfDate, match="schema is at 0000, cubic needs 0002"):
             Store(engine)
     finally:
         engine.dispose()
