@@ -43,6 +43,8 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
 async def _cubic_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CubicError)
     headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status_code == 503 else None
+    if exc.status_code == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="cubic"'}
     if isinstance(exc, StorageError):
         log.warning("%s %s: %s", request.method, request.url.path, exc)
     return JSONResponse(

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,73 @@ def test_demo_runs_the_service_and_workers(tmp_path: Path) -> None:
     assert "service at http://127.0.0.1:" in out
     assert "speed-up" in out and "API docs: http://127.0.0.1:" in out
     assert "completed" in out
+
+
+def test_tokens_created_listed_revoked_and_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator makes a token on the database; a worker uses it over HTTP (CUBIC_TOKEN);
+    a revoked token is refused in one line."""
+    import json
+
+    from cubic.bench.service import free_port
+
+    db = tmp_path / "t.db"
+    cubic("db", "upgrade", db=db)
+    made = cubic("token", "create", "--role", "submitter", "--name", "ci", db=db)
+    secret = made.stdout.strip()
+    assert secret.startswith("cubic_") and "shown once" in made.stderr
+    listed = json.loads(cubic("token", "list", "--json", db=db).stdout)
+    assert [(t["id"], t["role"], t["revoked_at"]) for t in listed] == [(1, "submitter", None)]
+    assert secret not in cubic("token", "list", db=db).stdout
+    bad = cubic("token", "create", "--role", "root", db=db, check=False)
+    assert (
+        bad.returncode == 2
+        and "role: expected one of" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
+
+    port = free_port()
+    env = {**os.environ, "CUBIC_DATABASE_URL": f"sqlite:///{db}"}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "cubic.cli", "serve", "--port", str(port), "--auth"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        import httpx
+
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and serve.poll() is None
+            time.sleep(0.2)
+        study = tmp_path / "s.yaml"
+        study.write_text(
+            "name: with-token\nworkload: llama3_8b\nspace: llm_pretrain.yaml\n"
+            "objective: tokens_per_s\nbudget: {max_trials: 2, max_parallel: 1}\n"
+            "strategy: {name: random, seed: 0}\n"
+        )
+        (tmp_path / "llm_pretrain.yaml").write_text((SPACES / "llm_pretrain.yaml").read_text())
+        monkeypatch.setenv("CUBIC_TOKEN", secret)
+        out = cubic("submit", str(study), "--url", url)
+        assert "submitted study 1" in out.stdout
+        monkeypatch.delenv("CUBIC_TOKEN")
+        anonymous = cubic("status", "1", "--url", url, "--no-follow", check=False)
+        assert anonymous.returncode == 2 and "API token is needed" in anonymous.stderr
+        cubic("token", "revoke", "1", db=db)
+        monkeypatch.setenv("CUBIC_TOKEN", secret)
+        revoked = cubic("status", "1", "--url", url, "--no-follow", check=False)
+        assert revoked.returncode == 2 and "was revoked" in revoked.stderr
+        assert "Traceback" not in revoked.stderr
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
