@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cubic.errors import Conflict, CubicError, InvalidInput
-from cubic.objectives import better, objective_values, violations
+from cubic.objectives import better, check_metrics, number, objective_values, violations
 from cubic.outcome import Outcome
 from cubic.space import SpaceError
 from cubic.store import Store
@@ -177,6 +177,8 @@ class Tuner:
                     field=f"{field}.state",
                 )
             params = self._checked_config(r, cfg, f"{field}.params")
+            if metrics:
+                check_metrics(r.spec, metrics, f"{field}.metrics")
             if state == "complete":
                 if objective_values(r.spec, metrics or {}) is None:
                     missing = [
@@ -287,7 +289,7 @@ class Tuner:
         proposed = sum(1 for t in spent if t.attempt == 1)
         active = sum(1 for t in history if t.state in (TrialState.WAITING, TrialState.RUNNING))
         if b.max_gpu_hours is not None:
-            used = sum(float((t.metrics or {}).get("gpu_hours", 0.0)) for t in spent)
+            used = sum(number((t.metrics or {}).get("gpu_hours")) or 0.0 for t in spent)
             if used >= b.max_gpu_hours:
                 return 0
         waiting = sum(1 for t in history if t.state == TrialState.WAITING)
@@ -309,9 +311,11 @@ class Tuner:
         stays complete, with the reason in its error text, and never counts as the best.
         """
         error = outcome.error
-        if outcome.state == "complete":
+        if outcome.metrics or outcome.state == "complete":
             t = self.store.get_trial(trial_id)
             r = self.resolved(t.study_id)
+            check_metrics(r.spec, outcome.metrics)
+        if outcome.state == "complete":
             if objective_values(r.spec, outcome.metrics) is None:
                 missing = [o.metric for o in r.spec.objectives if o.metric not in outcome.metrics]
                 raise InvalidInput(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
 
 from cubic.errors import InvalidInput
 from cubic.store import Store
@@ -35,6 +35,15 @@ StoreDep = Annotated[Store, Depends(get_store)]
 TunerDep = Annotated[Tuner, Depends(get_tuner)]
 
 
+MAX_ID = 2**31 - 1
+"""The largest id or offset the databases' INTEGER columns hold: beyond it is a 422, not a
+database error."""
+
+StudyId = Annotated[int, Path(ge=1, le=MAX_ID, description="study id")]
+TrialId = Annotated[int, Path(ge=1, le=MAX_ID, description="trial id")]
+TokenId = Annotated[int, Path(ge=1, le=MAX_ID, description="token id")]
+
+
 @dataclass(frozen=True, slots=True)
 class Page:
     limit: int
@@ -44,7 +53,7 @@ class Page:
 async def get_page(
     settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, description="page size (at most CUBIC_MAX_PAGE_SIZE)")] = 50,
-    offset: Annotated[int, Query(ge=0, description="items to skip")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID, description="items to skip")] = 0,
 ) -> Page:
     """``limit``/``offset``; a limit above the server's maximum is refused, not cut short."""
     if limit > settings.max_page_size:

@@ -11,7 +11,7 @@ import math
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cubic.store.objects import ApiToken, Role, Study, StudyState, Trial, TrialEvent, TrialState
 
@@ -35,8 +35,31 @@ _METRICS_EXAMPLE = {
 }
 
 
+def no_nul(value: Any, path: str = "body") -> Any:
+    """Refuse NUL characters in any string or key of a JSON value: PostgreSQL cannot store
+    them, and no name, id or message needs one."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{path}: NUL characters are not accepted")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            no_nul(k, path)
+            no_nul(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            no_nul(v, f"{path}.{i}")
+    return value
+
+
 class _In(BaseModel):
+    """Request bodies: unknown fields and NUL characters are refused."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return no_nul(data)
 
 
 def _finite(value: Any, path: str = "metrics") -> Any:

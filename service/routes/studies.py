@@ -16,7 +16,7 @@ from cubic.study import StudySpec, parse_spec
 from cubic.tuner import Tuner
 from cubic.workload import PRESETS
 from service.auth import AnyRole, Caller, SubmitterRole
-from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
+from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TunerDep
 from service.schemas import (
     STUDY_SPEC_EXAMPLE,
     STUDY_SPEC_YAML_EXAMPLE,
@@ -25,6 +25,7 @@ from service.schemas import (
     StudyOut,
     StudyPage,
     TrialOut,
+    no_nul,
 )
 from service.settings import ServiceSettings
 
@@ -148,7 +149,12 @@ def create_study(
     """Create a study from its spec; its baseline (if any) is queued as the first trial."""
     if caller.token is not None and caller.token.study_id is not None:
         raise Forbidden("a token limited to one study cannot create studies")
-    spec = parse_spec(parse_body(*body), "spec")
+    document = parse_body(*body)
+    try:
+        no_nul(document, "spec")
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="spec") from exc
+    spec = parse_spec(document, "spec")
     study = tuner.create_study(server_side_refs(spec, settings), owner_token_id=caller.token_id)
     response.headers["Location"] = request.app.url_path_for("get_study", study_id=study.id)
     return StudyOut.from_study(study)
@@ -160,7 +166,10 @@ def list_studies(
     store: StoreDep,
     page: PageDep,
     state: Annotated[StudyState | None, Query()] = None,
-    kind: Annotated[str | None, Query(description="workload kind: llm, dlrm")] = None,
+    kind: Annotated[
+        str | None,
+        Query(max_length=128, pattern=r"^[^\x00]*$", description="workload kind: llm, dlrm"),
+    ] = None,
 ) -> StudyPage:
     """Studies in creation order (a token limited to one study sees that one)."""
     if caller.token is not None and caller.token.study_id is not None:
@@ -195,7 +204,7 @@ def progress(tuner: Tuner, study_id: int) -> ProgressOut:
 
 
 @router.get("/studies/{study_id:int}", response_model=StudyOut)
-def get_study(study_id: int, caller: AnyRole, tuner: TunerDep) -> StudyOut:
+def get_study(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> StudyOut:
     """A study with its progress: trials per state, the budget, the best value so far."""
     caller.check_study(study_id)
     study = tuner.store.get_study(study_id)
@@ -211,25 +220,25 @@ _409 = {409: {"description": "the study's state does not allow it (archived is f
 
 
 @router.post("/studies/{study_id:int}:pause", response_model=StudyOut, responses=_409)
-def pause_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
+def pause_study(study_id: StudyId, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Stop handing out new trials; running ones finish. Only a running study pauses."""
     return _set_state(caller, tuner, study_id, StudyState.PAUSED)
 
 
 @router.post("/studies/{study_id:int}:resume", response_model=StudyOut, responses=_409)
-def resume_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
+def resume_study(study_id: StudyId, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Hand out trials again; only a paused study resumes."""
     return _set_state(caller, tuner, study_id, StudyState.RUNNING)
 
 
 @router.post("/studies/{study_id:int}:stop", response_model=StudyOut, responses=_409)
-def stop_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
+def stop_study(study_id: StudyId, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """End a running or paused study for good before its budget is spent."""
     return _set_state(caller, tuner, study_id, StudyState.STOPPED)
 
 
 @router.post("/studies/{study_id:int}:archive", response_model=StudyOut, responses=_409)
-def archive_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
+def archive_study(study_id: StudyId, caller: SubmitterRole, tuner: TunerDep) -> StudyOut:
     """Freeze a study: final, no trial is added to it again."""
     return _set_state(caller, tuner, study_id, StudyState.ARCHIVED)
 
@@ -239,7 +248,7 @@ def archive_study(study_id: int, caller: SubmitterRole, tuner: TunerDep) -> Stud
     response_model=BestOut,
     responses={404: {"description": "unknown study, or nothing complete yet"}},
 )
-def best(study_id: int, caller: AnyRole, tuner: TunerDep) -> BestOut:
+def best(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> BestOut:
     """The best complete trial that respects the constraints, against the baseline."""
     caller.check_study(study_id)
     b = tuner.best(study_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.auth import AdminRole
-from service.deps import StoreDep
+from service.deps import StoreDep, TokenId
 from service.schemas import TokenCreated, TokenOut, TokenRequest, TokensOut
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
@@ -25,6 +25,6 @@ def list_tokens(caller: AdminRole, store: StoreDep) -> TokensOut:
 
 
 @router.post("/tokens/{token_id:int}:revoke", response_model=TokenOut)
-def revoke_token(token_id: int, caller: AdminRole, store: StoreDep) -> TokenOut:
+def revoke_token(token_id: TokenId, caller: AdminRole, store: StoreDep) -> TokenOut:
     """Revoke a token for good: every later request with it gets 401."""
     return TokenOut.from_token(store.revoke_token(token_id))

@@ -11,7 +11,7 @@ from cubic.outcome import Outcome
 from cubic.store.objects import TrialState
 from cubic.tuner import Tuner
 from service.auth import AnyRole, Caller, SubmitterRole, WorkerRole
-from service.deps import PageDep, SettingsDep, StoreDep, TunerDep
+from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TrialId, TunerDep
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from service.schemas import (
     EnqueueRequest,
@@ -40,7 +40,7 @@ _LEASE_409 = {
 
 @router.get("/studies/{study_id:int}/trials", response_model=TrialPage)
 def list_trials(
-    study_id: int,
+    study_id: StudyId,
     caller: AnyRole,
     store: StoreDep,
     page: PageDep,
@@ -62,7 +62,7 @@ def list_trials(
 
 
 @router.get("/trials/{trial_id:int}", response_model=TrialOut)
-def get_trial(trial_id: int, caller: AnyRole, store: StoreDep) -> TrialOut:
+def get_trial(trial_id: TrialId, caller: AnyRole, store: StoreDep) -> TrialOut:
     """A trial with its state transitions."""
     trial = store.get_trial(trial_id)
     caller.check_study(trial.study_id)
@@ -71,7 +71,7 @@ def get_trial(trial_id: int, caller: AnyRole, store: StoreDep) -> TrialOut:
 
 @router.post("/studies/{study_id:int}/trials:lease", response_model=LeaseOut)
 def lease(
-    study_id: int, req: LeaseRequest, caller: WorkerRole, tuner: TunerDep, settings: SettingsDep
+    study_id: StudyId, req: LeaseRequest, caller: WorkerRole, tuner: TunerDep, settings: SettingsDep
 ) -> LeaseOut:
     """Lease up to ``count`` trials, proposing new ones when none wait.
 
@@ -89,7 +89,7 @@ def lease(
 
 @router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)
 def heartbeat(
-    trial_id: int,
+    trial_id: TrialId,
     req: HeartbeatRequest,
     caller: WorkerRole,
     tuner: TunerDep,
@@ -102,7 +102,7 @@ def heartbeat(
 
 
 @router.post("/trials/{trial_id:int}:report", response_model=TrialOut, responses=_LEASE_409)
-def report(trial_id: int, req: ReportRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
+def report(trial_id: TrialId, req: ReportRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
     """Record how a leased trial ended.
 
     Idempotent per lease token: resending the same report after a lost answer returns the
@@ -117,7 +117,9 @@ def report(trial_id: int, req: ReportRequest, caller: WorkerRole, tuner: TunerDe
 
 
 @router.post("/trials/{trial_id:int}:release", response_model=TrialOut, responses=_LEASE_409)
-def release(trial_id: int, req: ReleaseRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
+def release(
+    trial_id: TrialId, req: ReleaseRequest, caller: WorkerRole, tuner: TunerDep
+) -> TrialOut:
     """Give a leased trial back unrun (a worker shutting down); it waits for another."""
     _check_holder(caller, tuner, trial_id)
     return TrialOut.from_trial(tuner.release(trial_id, req.lease_token))
@@ -125,7 +127,7 @@ def release(trial_id: int, req: ReleaseRequest, caller: WorkerRole, tuner: Tuner
 
 @router.post("/studies/{study_id:int}/trials:enqueue", status_code=201, response_model=TrialsOut)
 def enqueue(
-    study_id: int, req: EnqueueRequest, caller: SubmitterRole, tuner: TunerDep
+    study_id: StudyId, req: EnqueueRequest, caller: SubmitterRole, tuner: TunerDep
 ) -> TrialsOut:
     """Queue configs to run before the strategy's own proposals, checked against the space."""
     caller.check_owner(tuner.store.get_study(study_id))
@@ -134,7 +136,7 @@ def enqueue(
 
 @router.post("/studies/{study_id:int}/trials:import", status_code=201, response_model=TrialsOut)
 def import_history(
-    study_id: int, req: ImportRequest, caller: SubmitterRole, tuner: TunerDep
+    study_id: StudyId, req: ImportRequest, caller: SubmitterRole, tuner: TunerDep
 ) -> TrialsOut:
     """Add past runs as finished trials: the search learns from them, the budget is untouched.
 

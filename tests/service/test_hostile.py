@@ -1,0 +1,95 @@
+"""Bad input is a 4xx naming the field, never a 500 or a retryable 503, and never poisons a
+study: ids beyond the databases' integers, NUL characters, metrics that are not numbers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.service.conftest import assert_error, create, simulate
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/studies/9223372036854775808", "study_id"),
+        ("/v1/studies/2147483648/best", "study_id"),
+        ("/v1/trials/18446744073709551616", "trial_id"),
+        ("/v1/studies/1/trials?offset=9223372036854775808", "offset"),
+        ("/v1/studies?offset=2147483648", "offset"),
+        ("/v1/studies?kind=ll%00m", "kind"),
+    ],
+)
+def test_ids_and_offsets_beyond_the_database_are_422(
+    client: TestClient, path: str, field: str
+) -> None:
+    create(client)
+    assert_error(client.get(path), 422, "RequestValidationError", field)
+
+
+def test_nul_characters_are_refused(client: TestClient) -> None:
+    study = create(client, budget={"max_trials": 4, "max_parallel": 2})
+    sid = study["id"]
+    resp = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w\x00x"})
+    assert_error(resp, 422, "RequestValidationError")
+    assert "NUL" in resp.json()["detail"]
+    resp = client.post("/v1/studies", json={**study["spec"], "name": "a\x00b"})
+    assert_error(resp, 422, "InvalidInput", "spec")
+    (t,) = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()["trials"]
+    bad = {"lease_token": t["lease_token"], "state": "failed", "error": "oom\x00"}
+    assert_error(
+        client.post(f"/v1/trials/{t['id']}:report", json=bad), 422, "RequestValidationError"
+    )
+    assert client.get(f"/v1/trials/{t['id']}").json()["state"] == "running"
+
+
+def _report(client: TestClient, t: dict[str, Any], metrics: Any, raw: str | None = None) -> Any:
+    if raw is not None:
+        token = t["lease_token"]
+        body = f'{{"lease_token": "{token}", "state": "complete", "metrics": {raw}}}'
+        return client.post(
+            f"/v1/trials/{t['id']}:report",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+    body = {"lease_token": t["lease_token"], "state": "complete", "metrics": metrics}
+    return client.post(f"/v1/trials/{t['id']}:report", json=body)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "raw", "field"),
+    [
+        ({"tokens_per_s": "abc"}, None, "metrics.tokens_per_s"),
+        ({"tokens_per_s": [1]}, None, "metrics.tokens_per_s"),
+        ({"tokens_per_s": "nan"}, None, "metrics.tokens_per_s"),
+        ({"tokens_per_s": "1e400"}, None, "metrics.tokens_per_s"),
+        ({"tokens_per_s": True}, None, "metrics.tokens_per_s"),
+        (None, '{"tokens_per_s": 1' + "0" * 400 + "}", "metrics.tokens_per_s"),
+        ({"tokens_per_s": 1.0e4, "gpu_hours": "x"}, None, "metrics.gpu_hours"),
+        ({"tokens_per_s": 1.0e4, "gpu_hours": -1}, None, "metrics.gpu_hours"),
+        ({"tokens_per_s": 1.0e4, "peak_memory_gib": {"a": 1}}, None, "metrics.peak_memory_gib"),
+    ],
+)
+def test_metrics_that_are_not_numbers_are_refused_and_poison_nothing(
+    client: TestClient, metrics: Any, raw: str | None, field: str
+) -> None:
+    study = create(
+        client,
+        budget={"max_trials": 4, "max_parallel": 2, "max_gpu_hours": 1e6},
+    )
+    sid = study["id"]
+    (t,) = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()["trials"]
+    resp = _report(client, t, metrics, raw)
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["field"] in (field, "metrics"), resp.text
+    # Nothing stored, and the study goes on: the trial can still be reported properly.
+    assert client.get(f"/v1/trials/{t['id']}").json()["state"] == "running"
+    good = {"lease_token": t["lease_token"], **simulate(study, t["params"])}
+    assert client.post(f"/v1/trials/{t['id']}:report", json=good).status_code == 200
+    more = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w", "count": 2})
+    assert more.status_code == 200 and more.json()["trials"]
+    imported = {"trials": [{"params": t["params"], "state": "complete", "metrics": metrics or {}}]}
+    if metrics is not None:
+        assert client.post(f"/v1/studies/{sid}/trials:import", json=imported).status_code == 422
