@@ -32,6 +32,7 @@ from cubic.store import Store
 from cubic.store.engine import make_engine
 from cubic.tuner import Tuner
 from service import errors
+from service.limits import BodyLimit
 from service.metrics import REAPED, observe_proxy_fit
 from service.routes import health, studies, tokens, trials
 from service.settings import ServiceSettings
@@ -160,6 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.include_router(health.router)
     app.include_router(studies.router)
     app.include_router(trials.router)

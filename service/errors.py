@@ -24,6 +24,8 @@ from cubic.workload import WorkloadError
 log = logging.getLogger("cubic.service")
 
 RETRY_AFTER_S = 1
+MAX_DEPTH = 32
+"""How deeply a request body may nest (a study spec needs about 6 levels)."""
 """What a 503 tells a client to wait before retrying (the database may be back by then)."""
 
 
@@ -82,10 +84,29 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and str(exc.detail).startswith("There was an error parsing"):
+        # FastAPI's answer when the JSON parser itself fails (a 100,000-level array
+        # exhausts its recursion): the input is at fault, as with any malformed body.
+        return JSONResponse(
+            error_body(
+                f"body: cannot be parsed (nested more than {MAX_DEPTH} levels deep?)",
+                "body",
+                "InvalidInput",
+            ),
+            status_code=422,
+        )
     return JSONResponse(
         error_body(str(exc.detail), None, "HTTPException"),
         status_code=exc.status_code,
         headers=exc.headers,
+    )
+
+
+async def _too_deep(request: Request, exc: Exception) -> JSONResponse:
+    """A body nested deeper than the parser recurses (a 100,000-level JSON array)."""
+    return JSONResponse(
+        error_body(f"body: nested more than {MAX_DEPTH} levels deep", "body", "InvalidInput"),
+        status_code=422,
     )
 
 
@@ -103,4 +124,5 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(exc, _input_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RecursionError, _too_deep)
     app.add_exception_handler(Exception, _unexpected)

@@ -35,19 +35,23 @@ _METRICS_EXAMPLE = {
 }
 
 
-def no_nul(value: Any, path: str = "body") -> Any:
-    """Refuse NUL characters in any string or key of a JSON value: PostgreSQL cannot store
-    them, and no name, id or message needs one."""
+def no_nul(value: Any, path: str = "body", depth: int = 0) -> Any:
+    """Refuse NUL characters in any string or key of a JSON value (PostgreSQL cannot store
+    them, and no name, id or message needs one), and nesting deeper than ``MAX_DEPTH``."""
+    from service.errors import MAX_DEPTH
+
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{path}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, str):
         if "\x00" in value:
             raise ValueError(f"{path}: NUL characters are not accepted")
     elif isinstance(value, dict):
         for k, v in value.items():
-            no_nul(k, path)
-            no_nul(v, f"{path}.{k}")
+            no_nul(k, path, depth + 1)
+            no_nul(v, f"{path}.{k}", depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            no_nul(v, f"{path}.{i}")
+            no_nul(v, f"{path}.{i}", depth + 1)
     return value
 
 

@@ -27,6 +27,7 @@ class ServiceSettings(Settings):
     ``CUBIC_DB_POOL_SIZE`` / ``CUBIC_DB_MAX_OVERFLOW``: database connections per process.
     ``CUBIC_AUTH``: whether requests need an API token (on unless turned off; ``cubic
     serve`` turns it off when it listens on loopback only, and says so).
+    ``CUBIC_MAX_BODY_BYTES``: the largest request body any endpoint reads (413 beyond).
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
@@ -38,6 +39,7 @@ class ServiceSettings(Settings):
     db_pool_size: int = Field(10, ge=1, le=1000)
     db_max_overflow: int = Field(20, ge=0, le=1000)
     auth: bool = True
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

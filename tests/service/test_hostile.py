@@ -93,3 +93,46 @@ def test_metrics_that_are_not_numbers_are_refused_and_poison_nothing(
     imported = {"trials": [{"params": t["params"], "state": "complete", "metrics": metrics or {}}]}
     if metrics is not None:
         assert client.post(f"/v1/studies/{sid}/trials:import", json=imported).status_code == 422
+
+
+def test_bodies_too_large_or_too_deep_are_refused(client: TestClient) -> None:
+    study = create(client, budget={"max_trials": 4, "max_parallel": 2})
+    sid = study["id"]
+    (t,) = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()["trials"]
+    huge = {"lease_token": t["lease_token"], "state": "failed", "log_tail": "x" * (5 << 20)}
+    resp = client.post(f"/v1/trials/{t['id']}:report", json=huge)
+    assert_error(resp, 413, "BodyTooLarge", "body")
+    assert "CUBIC_MAX_BODY_BYTES" in resp.json()["detail"]
+
+    def chunks():  # no Content-Length: cut off as the stream passes the limit
+        yield b'{"lease_token": "' + t["lease_token"].encode() + b'", "error": "'
+        for _ in range(6):
+            yield b"y" * (1 << 20)
+        yield b'", "state": "failed"}'
+
+    resp = client.post(
+        f"/v1/trials/{t['id']}:report",
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert_error(resp, 413, "BodyTooLarge", "body")
+    deep_json = "[" * 100_000 + "]" * 100_000
+    resp = client.post(
+        f"/v1/studies/{sid}/trials:lease",
+        content=deep_json,
+        headers={"Content-Type": "application/json"},
+    )
+    assert resp.status_code == 422, resp.text
+    deep_yaml = "a: " + "[" * 10_000 + "]" * 10_000
+    resp = client.post(
+        "/v1/studies", content=deep_yaml, headers={"Content-Type": "application/yaml"}
+    )
+    assert resp.status_code == 422, resp.text
+    nested: Any = 1.0
+    for _ in range(40):
+        nested = {"k": nested}
+    bad = {"lease_token": t["lease_token"], "state": "failed", "metrics": {"m": nested}}
+    resp = client.post(f"/v1/trials/{t['id']}:report", json=bad)
+    assert resp.status_code == 422 and "levels deep" in resp.json()["detail"], resp.text
+    assert client.get(f"/v1/trials/{t['id']}").json()["state"] == "running"
+    assert client.get("/healthz").status_code == 200
