@@ -79,6 +79,38 @@ def _finite(value: Any, path: str = "metrics") -> Any:
     return value
 
 
+# -- errors -------------------------------------------------------------------------------
+
+
+class ErrorOut(BaseModel):
+    """Every error answer: the message, the field at fault (when one is), the error type
+    (``LeaseLost``, ``Forbidden``...); request validation adds FastAPI's ``errors`` list."""
+
+    detail: str
+    field: str | None
+    type: str
+    errors: list[dict[str, Any]] | None = None
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses an operation can answer, with the real body."""
+    what = {
+        401: "no valid API token (missing, unknown or revoked)",
+        403: "the token's role or study does not allow this",
+        404: "no such study, trial or token",
+        409: "the resource's state does not allow it (a lost lease, a final study)",
+        413: "the request body is larger than CUBIC_MAX_BODY_BYTES",
+        415: "neither JSON nor YAML",
+        422: "invalid input; `field` names the culprit",
+        503: "the database is unavailable; retry after `Retry-After` seconds",
+    }
+    return {c: {"model": ErrorOut, "description": what[c]} for c in codes}
+
+
+API_ERRORS = error_responses(401, 403, 404, 409, 413, 422, 503)
+"""What any ``/v1`` operation may answer besides its success."""
+
+
 # -- trials -------------------------------------------------------------------------------
 
 

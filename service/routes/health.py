@@ -10,6 +10,7 @@ from cubic.store.schema import check_schema
 from service.auth import AnyRole
 from service.deps import StoreDep
 from service.metrics import CONTENT_TYPE, exposition, gauge
+from service.schemas import ErrorOut, error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -22,7 +23,10 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "database down or schema out of date"}})
+@router.get(
+    "/readyz",
+    responses={503: {"model": ErrorOut, "description": "database down or schema out of date"}},
+)
 def readyz(store: StoreDep) -> dict[str, str]:
     """The database answers and its schema is the one this version needs."""
     check_schema(store.engine)
@@ -30,7 +34,9 @@ def readyz(store: StoreDep) -> dict[str, str]:
 
 
 @router.get(
-    "/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE: {}}}}
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {CONTENT_TYPE: {}}}, **error_responses(401, 403, 503)},
 )
 def metrics(caller: AnyRole, store: StoreDep) -> PlainTextResponse:
     """Prometheus text format: this process's latencies and the trial counts per state.

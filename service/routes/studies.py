@@ -18,18 +18,21 @@ from cubic.workload import PRESETS
 from service.auth import AnyRole, Caller, SubmitterRole
 from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TunerDep
 from service.schemas import (
+    API_ERRORS,
     STUDY_SPEC_EXAMPLE,
     STUDY_SPEC_YAML_EXAMPLE,
     BestOut,
+    ErrorOut,
     ProgressOut,
     StudyOut,
     StudyPage,
     TrialOut,
+    error_responses,
     no_nul,
 )
 from service.settings import ServiceSettings
 
-router = APIRouter(prefix="/v1", tags=["studies"])
+router = APIRouter(prefix="/v1", tags=["studies"], responses=API_ERRORS)
 
 MAX_SPEC_BYTES = 4 * 1024 * 1024
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml"})
@@ -134,8 +137,8 @@ _SPEC_OPENAPI = {
     response_model=StudyOut,
     openapi_extra=_SPEC_OPENAPI,
     responses={
-        415: {"description": "neither JSON nor YAML"},
-        422: {"description": "invalid spec; `field` names the culprit"},
+        **error_responses(415),
+        422: {"model": ErrorOut, "description": "invalid spec; `field` names the culprit"},
     },
 )
 def create_study(
@@ -216,7 +219,12 @@ def _set_state(caller: Caller, tuner: Tuner, study_id: int, state: StudyState) -
     return StudyOut.from_study(tuner.set_state(study_id, state))
 
 
-_409 = {409: {"description": "the study's state does not allow it (archived is final)"}}
+_409 = {
+    409: {
+        "model": ErrorOut,
+        "description": "the study's state does not allow it (archived is final)",
+    }
+}
 
 
 @router.post("/studies/{study_id:int}:pause", response_model=StudyOut, responses=_409)
@@ -246,7 +254,7 @@ def archive_study(study_id: StudyId, caller: SubmitterRole, tuner: TunerDep) -> 
 @router.get(
     "/studies/{study_id:int}/best",
     response_model=BestOut,
-    responses={404: {"description": "unknown study, or nothing complete yet"}},
+    responses={404: {"model": ErrorOut, "description": "unknown study, or nothing complete yet"}},
 )
 def best(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> BestOut:
     """The best complete trial that respects the constraints, against the baseline."""

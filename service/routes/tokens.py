@@ -6,9 +6,9 @@ from fastapi import APIRouter
 
 from service.auth import AdminRole
 from service.deps import StoreDep, TokenId
-from service.schemas import TokenCreated, TokenOut, TokenRequest, TokensOut
+from service.schemas import API_ERRORS, TokenCreated, TokenOut, TokenRequest, TokensOut
 
-router = APIRouter(prefix="/v1", tags=["tokens"])
+router = APIRouter(prefix="/v1", tags=["tokens"], responses=API_ERRORS)
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated)

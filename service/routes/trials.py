@@ -14,7 +14,9 @@ from service.auth import AnyRole, Caller, SubmitterRole, WorkerRole
 from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TrialId, TunerDep
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from service.schemas import (
+    API_ERRORS,
     EnqueueRequest,
+    ErrorOut,
     HeartbeatRequest,
     ImportRequest,
     LeaseOut,
@@ -27,13 +29,14 @@ from service.schemas import (
     TrialsOut,
 )
 
-router = APIRouter(prefix="/v1", tags=["trials"])
+router = APIRouter(prefix="/v1", tags=["trials"], responses=API_ERRORS)
 
 _LEASE_409 = {
     409: {
+        "model": ErrorOut,
         "description": "the lease is gone (`type: LeaseLost`: expired and reaped, "
         "released, or re-leased) or the trial already finished "
-        "differently (`TrialFinished`)"
+        "differently (`TrialFinished`)",
     }
 }
 
