@@ -38,6 +38,7 @@ __all__ = ["FUNCTIONS", "Expression", "ExpressionError"]
 MAX_SOURCE_LENGTH = 4000
 MAX_POWER_BITS = 4096  # caps scalar `**` so a tiny expression cannot allocate a huge integer
 MAX_ARRAY_EXPONENT = 64
+MAX_ROUND_DIGITS = 30  # round(x, -3000000) on an int builds a 3-million-digit power of ten
 
 FUNCTIONS = ("abs", "float", "int", "log2", "max", "min", "round")
 _ARITY: dict[str, tuple[int, int | None]] = {
@@ -213,6 +214,8 @@ def _call(name: str, args: list[Any]) -> tuple[Any, _Bad]:
         _require_numbers("round()", *args)
         if len(args) == 2 and not isinstance(args[1], int | np.integer):
             raise _EvalError("round() needs an integer number of digits")
+        if len(args) == 2 and abs(int(args[1])) > MAX_ROUND_DIGITS:
+            raise _EvalError(f"round() takes at most {MAX_ROUND_DIGITS} digits either way")
         if not arrays:
             return (round(args[0]) if len(args) == 1 else round(args[0], int(args[1]))), None
         if len(args) == 1:

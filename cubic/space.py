@@ -78,6 +78,8 @@ __all__ = [
 ]
 
 MAX_GRID = 10_000_000  # refuse to materialise one parameter's grid beyond this
+MAX_PARAMETERS = 64  # the shipped spaces have about 20; each one is a column of every pool
+MAX_CONDITION_DEPTH = 8  # `when:` of `when:`...: real spaces nest two or three levels
 _TOP_KEYS = ("name", "description", "parameters", "derived", "constraints")
 _COMMON_KEYS = ("type", "default", "when", "description")
 
@@ -519,14 +521,26 @@ class Space:
         object.__setattr__(self, "constraints", tuple(self.constraints))
         if not self.parameters:
             raise self._error("a space needs at least one parameter")
+        if len(self.parameters) > MAX_PARAMETERS:
+            raise self._error(
+                f"{len(self.parameters)} parameters: a space may have at most {MAX_PARAMETERS}"
+            )
         index: dict[str, int] = {}
+        depth: dict[str, int] = {}  # how many conditions deep each parameter sits
         for i, p in enumerate(self.parameters):
             self._check_name(p.name, "parameter")
             if p.name in index:
                 raise self._error(f"parameter {p.name!r} is declared twice")
             index[p.name] = i
+            depth[p.name] = 0
             if p.when is not None:
                 self._check_condition(p, index)
+                depth[p.name] = 1 + max((depth.get(n, 0) for n in p.when.names), default=0)
+                if depth[p.name] > MAX_CONDITION_DEPTH:
+                    raise self._error(
+                        f"parameter {p.name!r}: its condition depends on a chain of more than "
+                        f"{MAX_CONDITION_DEPTH} conditions"
+                    )
         derived_names: set[str] = set()
         for d in self.derived:
             self._check_name(d.name, "derived")
@@ -947,12 +961,15 @@ class Space:
                     "continuous float (give it a 'step')"
                 )
 
-    def enumerate_arrays(self, context: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def enumerate_arrays(
+        self, context: Mapping[str, Any], max_rows: int | None = None
+    ) -> dict[str, np.ndarray]:
         """Every valid configuration of a finite space once, as struct-of-arrays.
 
         Builds the product parameter by parameter (an inactive parameter adds one row, its
         default) and drops rows as soon as a constraint's inputs are known; the order is
-        lexicographic in declaration order.
+        lexicographic in declaration order. With ``max_rows``, a product that would grow
+        past it raises :class:`SpaceError` before it is built (bounded memory).
         """
         self._require_finite()
         self.check_context(context)
@@ -965,6 +982,11 @@ class Space:
                 active = active[~invalid]
             grid = p.grid()
             counts = np.where(active, len(grid), 1)
+            if max_rows is not None and int(counts.sum()) > max_rows:
+                raise SpaceError(
+                    f"{self.name}: more than {max_rows:,} configurations to enumerate "
+                    f"(at parameter {p.name!r})"
+                )
             rows = np.repeat(np.arange(n), counts)
             starts = np.cumsum(counts) - counts
             within = np.arange(len(rows)) - np.repeat(starts, counts)

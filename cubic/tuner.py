@@ -96,8 +96,12 @@ class Tuner:
         """Store a study (workload and space inlined) and enqueue its baseline first;
         ``owner_token_id`` is the API token that submitted it."""
         resolved = spec.resolve(base)
-        if resolved.spec.strategy.name == "grid" and not resolved.space.is_finite:
-            raise InvalidInput("strategy 'grid' needs a finite space", field="strategy.name")
+        if resolved.spec.strategy.name == "grid":
+            if not resolved.space.is_finite:
+                raise InvalidInput("strategy 'grid' needs a finite space", field="strategy.name")
+            from cubic.strategies.grid import grid_points
+
+            grid_points(resolved.space, resolved.context)  # refused here, not at the first lease
         if not spec.allow_unfit:
             _refuse_unfit(resolved)
         stored = resolved.spec.model_dump(mode="json")

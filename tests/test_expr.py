@@ -114,6 +114,8 @@ def test_and_or_short_circuit_like_python() -> None:
         ("log2(x)", "log2() of a non-positive number"),
         ("2 ** 100000", "too large"),
         ("(10 ** 300) ** 300", "too large"),
+        ("round(1, -3000000)", "at most 30 digits"),
+        ("round(x, 400)", "at most 30 digits"),
         ("'ab' * 1000000", "needs numbers"),
         ("'%s' % x", "needs numbers"),
         ("-'a'", "needs numbers"),

@@ -8,12 +8,29 @@ Walking the enumerated valid points instead spends every trial on a config that 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from cubic.errors import InvalidInput
+from cubic.space import Space, SpaceError
 from cubic.store.objects import Trial
 from cubic.strategies.base import Proposal, Strategy, config_key
+
+MAX_GRID_POINTS = 1_000_000
+"""The most configurations grid search enumerates: beyond, it is refused (use a sampler)."""
+
+
+def grid_points(space: Space, context: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The valid points of a finite space, refused with a clear error past the limit."""
+    try:
+        return space.enumerate_arrays(context, max_rows=MAX_GRID_POINTS)
+    except SpaceError as exc:
+        raise InvalidInput(
+            f"strategy 'grid': {exc}; grid search enumerates at most "
+            f"{MAX_GRID_POINTS:,}: use random, tpe or cubic",
+            field="strategy.name",
+        ) from exc
 
 
 class GridStrategy(Strategy):
@@ -27,7 +44,7 @@ class GridStrategy(Strategy):
                 "has infinitely many values)",
                 field="strategy.name",
             )
-        points = space.enumerate(self.context)
+        points = space.from_arrays(grid_points(space, self.context))
         order = np.random.default_rng(self.seed or 0).permutation(len(points))
         seen = self.seen(history)
         out: list[Proposal] = []

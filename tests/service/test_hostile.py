@@ -136,3 +136,43 @@ def test_bodies_too_large_or_too_deep_are_refused(client: TestClient) -> None:
     assert resp.status_code == 422 and "levels deep" in resp.json()["detail"], resp.text
     assert client.get(f"/v1/trials/{t['id']}").json()["state"] == "running"
     assert client.get("/healthz").status_code == 200
+
+
+def _space(n: int, chain: bool = False, constraint: str | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for i in range(n):
+        p: dict[str, Any] = {"type": "categorical", "choices": [0, 1] if chain else list(range(10))}
+        if chain and i:
+            p |= {"when": f"p{i - 1} == 1", "default": 0}
+        params[f"p{i}"] = p
+    space: dict[str, Any] = {"name": "hostile", "parameters": params}
+    if constraint:
+        space["constraints"] = [{"expr": constraint}]
+    return space
+
+
+@pytest.mark.parametrize(
+    ("space", "strategy", "problem"),
+    [
+        (_space(30), "grid", "more than 1,000,000 configurations"),
+        (_space(2, constraint="round(p0, -3000000) == 0"), "random", "at most 30 digits"),
+        (_space(2, constraint="p0 ** 100000000 > 1"), "random", "exponent larger than"),
+        (_space(100), "random", "at most 64"),
+        (_space(12, chain=True), "random", "chain of more than 8 conditions"),
+    ],
+)
+def test_spaces_whose_evaluation_would_not_end_are_refused(
+    client: TestClient, space: dict[str, Any], strategy: str, problem: str
+) -> None:
+    import time
+
+    from tests.service.conftest import spec
+
+    t0 = time.perf_counter()
+    resp = client.post("/v1/studies", json=spec(space=space, strategy={"name": strategy}))
+    took = time.perf_counter() - t0
+    body = assert_error(resp, 422, "InvalidInput")
+    assert problem in body["detail"], body
+    assert body["field"] in ("space", "strategy.name")
+    print(f"\n{problem}: 422 in {took * 1e3:.0f} ms")
+    assert client.get("/healthz").status_code == 200
