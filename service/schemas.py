@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from cubic.store.objects import ApiToken, Role, Study, StudyState, Trial, TrialEvent, TrialState
 
 MAX_LOG_TAIL = 64 * 1024
+MAX_METRICS = 256
+"""Metrics per report: a job reports tens; hundreds would be a log, not measurements."""
 
 _PARAMS_EXAMPLE = {
     "tp": 2,
@@ -350,6 +352,7 @@ class ReportRequest(_In):
     state: Literal["complete", "infeasible", "failed", "pruned"]
     metrics: dict[str, Any] = Field(
         default_factory=dict,
+        max_length=MAX_METRICS,
         description="measured metrics; `complete` needs the study's objective metric(s)",
     )
     error: str | None = Field(None, max_length=MAX_LOG_TAIL)
@@ -379,7 +382,7 @@ class EnqueueRequest(_In):
 class ImportedTrial(_In):
     params: dict[str, Any]
     state: Literal["complete", "infeasible", "failed"]
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict, max_length=MAX_METRICS)
 
     @field_validator("metrics")
     @classmethod
