@@ -17,6 +17,7 @@ from cubic.tuner import Tuner
 from cubic.workload import PRESETS
 from service.auth import AnyRole, Caller, SubmitterRole
 from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TunerDep
+from service.errors import MAX_DEPTH
 from service.schemas import (
     API_ERRORS,
     STUDY_SPEC_EXAMPLE,
@@ -62,10 +63,25 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _check_yaml_depth(body: bytes) -> None:
+    """Refuse YAML nested deeper than ``MAX_DEPTH`` from the parser's event stream, which
+    stops at the first event too deep: the loader would first build (recursively) every
+    level of a 10,000-level document."""
+    depth = 0
+    for event in yaml.parse(body, Loader=_NoAliasLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InvalidInput(f"body: nested more than {MAX_DEPTH} levels deep", field="body")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_body(body: bytes, media: str) -> Any:
     """A spec document from JSON or YAML text; the error says which and where."""
     if media in YAML_TYPES:
         try:
+            _check_yaml_depth(body)
             return yaml.load(body, Loader=_NoAliasLoader)  # a SafeLoader: no Python objects
         except yaml.YAMLError as exc:
             raise InvalidInput(f"body: not valid YAML: {exc}", field="body") from exc
