@@ -68,7 +68,7 @@ def _check_yaml_depth(body: bytes) -> None:
     stops at the first event too deep: the loader would first build (recursively) every
     level of a 10,000-level document."""
     depth = 0
-    for event in yaml.parse(body, Loader=_NoAliasLoader):
+    for event in yaml.parse(body, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
