@@ -803,10 +803,15 @@ def main() -> None:
     except typer.Abort:
         sys.exit(130)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        # Usage errors (an unknown option or command, a missing argument, a bad value):
+        # typer's own exception classes, or click's for older typers. One line, exit 2.
+        if callable(getattr(exc, "format_message", None)) and hasattr(exc, "exit_code"):
+            err_console.print(
+                f"error: {exc.format_message()} (see --help)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             sys.exit(exc.exit_code)
         raise
 

@@ -259,3 +259,20 @@ def test_tokens_created_listed_revoked_and_used(
     finally:
         serve.terminate()
         serve.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("best", "1", "--jsn"), "No such option: --jsn"),
+        (("bogus",), "No such command 'bogus'"),
+        (("best",), "Missing argument"),
+        (("worker", "--study", "x"), "Invalid value for '--study'"),
+        (("token", "create"), "Missing option '--role'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], says: str) -> None:
+    out = cubic(*args, check=False)
+    assert out.returncode == 2
+    assert says in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
