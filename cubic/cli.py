@@ -522,11 +522,11 @@ def status(
         study_show(study_id, None, False)
         return
     from cubic.client import CubicClient
-    from cubic.progress import watch_study
+    from cubic.progress import summary, watch_study
 
     with CubicClient(url) as client:
         study = watch_study(client, study_id, console, timeout=None if follow else 0)
-    console.print(f"study {study_id}: {study['state']}, trials {study['progress']['counts']}")
+        console.print(summary(client, study), markup=False, highlight=False)
 
 
 def _runner_options(config: Path | None, options: list[str]) -> dict[str, Any]:

@@ -18,6 +18,34 @@ def _finished(progress: dict[str, Any]) -> int:
     return sum(v for k, v in counts.items() if k not in ("waiting", "running"))
 
 
+def summary(client: CubicClient, study: dict[str, Any]) -> str:
+    """One line: state, trials by state, the best value and its speed-up, GPU-hours."""
+    from cubic.errors import NotFound
+    from cubic.objectives import number
+
+    counts = {k: v for k, v in study["progress"]["counts"].items() if v}
+    parts = [
+        f"study {study['id']}: {study['state']}",
+        f"{sum(counts.values())} trials ("
+        + ", ".join(f"{n} {state}" for state, n in counts.items())
+        + ")",
+    ]
+    try:
+        best = client.best(study["id"])
+    except NotFound:
+        best = None
+    if best is not None:
+        line = f"best {best['metric']} {best['value']:,.4g}"
+        if best.get("speedup") is not None:
+            line += f" ({best['speedup']:.2f}x the baseline)"
+        parts.append(line)
+    trials = client.all_trials(study["id"])
+    hours = [number((t.get("metrics") or {}).get("gpu_hours")) for t in trials]
+    if any(h is not None for h in hours):
+        parts.append(f"{sum(h or 0.0 for h in hours):,.1f} GPU-hours")
+    return "; ".join(parts)
+
+
 def watch_study(
     client: CubicClient,
     study_id: int,

@@ -124,7 +124,9 @@ def test_cli_submit_worker_best_against_the_service(url: str, tmp_path: Path) ->
     best = json.loads(cubic("best", sid, "--url", url, "--json").stdout)
     assert best["value"] > 0 and best["metric"] == "tokens_per_s"
     status = cubic("status", sid, "--url", url, "--no-follow").stdout
-    assert "completed" in status
+    assert "completed" in status and "6 trials (" in status
+    assert f"best tokens_per_s {best['value']:,.4g}" in status
+    assert "{" not in status  # no dict repr
 
 
 class _UnreachableScheduler(SimulatedRunner):
