@@ -493,22 +493,13 @@ def submit(file: Path, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
         study_create(file, None, json_out)
         return
     from cubic.client import CubicClient
-    from cubic.study import load_spec
 
-    spec, base = load_spec(file)  # validate here: errors name the field before any upload
-    data = spec.model_copy(update=_inline_refs(spec, base)).model_dump(mode="json")
     with CubicClient(url) as client:
-        study = client.create_study(data)
+        study = client.create_study_from_file(file)
     if json_out:
         _print_json(study)
     else:
         console.print(f"submitted study {study['id']}: {study['name']} to {url}")
-
-
-def _inline_refs(spec: Any, base: Path) -> dict[str, Any]:
-    """Inline the workload and space files a spec names: the service cannot read them."""
-    resolved = spec.resolve(base)
-    return {"workload": resolved.spec.workload, "space": resolved.spec.space}
 
 
 @app.command("status")

@@ -151,6 +151,16 @@ class CubicClient:
             )
         return self._call("POST", "/v1/studies", idempotent=False, json=spec)
 
+    def create_study_from_file(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Submit a study file; the workload and space files it names are read here, on the
+        client, and sent inline (the service reads nothing from its own disk)."""
+        from cubic.study import load_spec
+
+        spec, base = load_spec(path)  # validated here: errors name the field before upload
+        resolved = spec.resolve(base)
+        inline = {"workload": resolved.spec.workload, "space": resolved.spec.space}
+        return self.create_study(spec.model_copy(update=inline).model_dump(mode="json"))
+
     def list_studies(
         self, state: str | None = None, kind: str | None = None, limit: int = 50, offset: int = 0
     ) -> dict[str, Any]:
