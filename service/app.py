@@ -127,9 +127,21 @@ def retrain_forever(
         stop.wait(min(interval_s, PREFIT_INTERVAL_S))
 
 
+def _log_to_stderr(level: str) -> None:
+    """Show the service's own log lines (uvicorn configures only its own loggers)."""
+    cubic_log = logging.getLogger("cubic")
+    cubic_log.setLevel(level.upper())
+    if not any(getattr(h, "_cubic", False) for h in cubic_log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._cubic = True  # type: ignore[attr-defined]
+        cubic_log.addHandler(handler)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the database is opened (and its schema checked) when it starts."""
     config = ServiceSettings.of(settings)
+    _log_to_stderr(config.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

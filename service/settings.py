@@ -7,6 +7,7 @@ value stops the start-up with a message naming the variable instead of failing o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError
 
@@ -28,6 +29,7 @@ class ServiceSettings(Settings):
     ``CUBIC_AUTH``: whether requests need an API token (on unless turned off; ``cubic
     serve`` turns it off when it listens on loopback only, and says so).
     ``CUBIC_MAX_BODY_BYTES``: the largest request body any endpoint reads (413 beyond).
+    ``CUBIC_LOG_LEVEL``: what the service logs of its own work (refits, reaped leases...).
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
@@ -40,6 +42,7 @@ class ServiceSettings(Settings):
     db_max_overflow: int = Field(20, ge=0, le=1000)
     auth: bool = True
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

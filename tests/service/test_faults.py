@@ -102,6 +102,7 @@ def test_half_the_workers_killed_mid_study(db_url: str, tmp_path: Path) -> None:
             workers.close()
     logs = _logs(workers)
     assert codes[8:] == [0] * 8, logs
+    assert "reaped" in (tmp_path / "api.log").read_text()  # the service says what it did
     everyone = list(range(16))
     assert invariants(db_url, sid, BUDGET, workers.reported(everyone)) == [], logs
 
