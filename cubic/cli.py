@@ -51,9 +51,23 @@ UrlOpt = Annotated[
 
 
 def _url(db: str | None) -> str:
+    """The database URL: ``--db``, else ``CUBIC_DATABASE_URL``, checked (one-line errors)."""
+    import os
+
+    from pydantic import ValidationError
+
     from cubic.config import Settings
 
-    return db or Settings().database_url
+    where_env = "CUBIC_DATABASE_URL"
+
+    try:
+        return Settings(database_url=db).database_url if db else Settings().database_url
+    except ValidationError:
+        where, value = ("--db", db) if db else ("CUBIC_DATABASE_URL", os.environ.get(where_env))
+        raise InvalidInput(
+            f"{where}: expected a sqlite:// or postgresql:// URL, got {value!r}",
+            field="database_url",
+        ) from None
 
 
 def _tuner(db: str | None):

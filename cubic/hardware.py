@@ -204,14 +204,28 @@ def load_hardware(path: str | Path) -> list[GPU]:
     return added
 
 
+_ENV_LOADED = False
+
+
 def _load_env() -> None:
+    """The ``CUBIC_HARDWARE`` files, on first use of the catalogue (not at import: a bad file
+    is then an error of the command that needs it, with its message, not a crash)."""
+    global _ENV_LOADED
+    if _ENV_LOADED:
+        return
+    _ENV_LOADED = True
     paths = os.environ.get("CUBIC_HARDWARE", "")
-    for p in filter(None, paths.split(os.pathsep)):
-        load_hardware(p)
+    try:
+        for p in filter(None, paths.split(os.pathsep)):
+            load_hardware(p)
+    except HardwareError as exc:
+        _ENV_LOADED = False  # asked again, it says so again
+        raise HardwareError(f"CUBIC_HARDWARE: {exc}") from exc
 
 
 def catalogue() -> dict[str, GPU]:
     """Every known GPU: the built-in ones, then those loaded from YAML."""
+    _load_env()
     return {**_BUILTIN, **_USER}
 
 
@@ -220,6 +234,3 @@ def get_gpu(name: str) -> GPU:
     if name not in gpus:
         raise HardwareError(f"unknown gpu '{name}'; known: {', '.join(sorted(gpus))}")
     return gpus[name]
-
-
-_load_env()

@@ -276,3 +276,20 @@ def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], says: str) -> N
     assert out.returncode == 2
     assert says in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_bad_database_url_or_hardware_file_is_one_line(tmp_path: Path) -> None:
+    out = cubic("study", "list", "--db", "mysql://x", check=False)
+    assert out.returncode == 2 and "--db: expected a sqlite:// or postgresql:// URL" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("gpus: {x: {base: nope}}\n")
+    env = {**os.environ, "CUBIC_HARDWARE": str(hw), "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", "spaces", "validate", str(SPACES / "llm_pretrain.yaml"),
+         "--workload", "llama3_8b"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: CUBIC_HARDWARE:") and "unknown gpu 'nope'" in out.stderr
+    assert "Traceback" not in out.stderr
