@@ -10,7 +10,8 @@ every field or starts from a ready-made one and overrides a few::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import difflib
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,7 +229,35 @@ class Workload:
         return _from_dict(doc.get("workload", doc), str(path))
 
 
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+}
+
+
+def _check_fields(cls: type, d: Any, where: str) -> dict[str, Any]:
+    """Refuse unknown keys (with the nearest known name) and values of the wrong type,
+    before anything is built from them."""
+    if not isinstance(d, dict):
+        raise WorkloadError(f"{where}: expected a mapping, got {d!r:.60}")
+    known = {f.name: f for f in fields(cls)}
+    for key, value in d.items():
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else f"; known: {', '.join(known)}"
+            raise WorkloadError(f"{where}.{key}: unknown field{hint}")
+        want = _SCALARS.get(str(known[key].type))
+        if want is not None and (
+            not isinstance(value, want) or (isinstance(value, bool) and bool not in want)
+        ):
+            raise WorkloadError(f"{where}.{key}: expected {known[key].type}, got {value!r:.60}")
+    return d
+
+
 def _build(cls: type, d: dict[str, Any], where: str) -> Any:
+    _check_fields(cls, d, where)
     try:
         return cls(**d)
     except TypeError as exc:
@@ -270,8 +299,12 @@ def _from_dict(d: dict[str, Any], source: str) -> Workload:
         model = base.model
         if "model" in d:
             model = _model_from_dict({**asdict(base.model), **d.pop("model")}, source)
-        cluster = replace(base.cluster, **d.pop("cluster", {}))
-        training = replace(base.training, **d.pop("training", {}))
+        cluster = replace(
+            base.cluster, **_check_fields(Cluster, d.pop("cluster", {}), f"{source}: cluster")
+        )
+        training = replace(
+            base.training, **_check_fields(Training, d.pop("training", {}), f"{source}: training")
+        )
         name = d.pop("name", base.name)
     else:
         if "model" not in d:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,24 @@ def test_inline_dlrm_workload_round_trips() -> None:
 def test_bad_workload_names_the_field(doc: dict, needle: str) -> None:
     with pytest.raises(WorkloadError, match=needle):
         Workload.from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (
+            {"preset": "llama3_8b", "cluster": {"num_gpus": "sixteen"}},
+            "cluster.num_gpus: expected int",
+        ),
+        ({"preset": "llama3_8b", "cluster": {"gpu_per_node": 8}}, "did you mean 'gpus_per_node'"),
+        ({"preset": "llama3_8b", "training": {"global_batch": True}}, "global_batch: expected int"),
+        ({"preset": "llama3_8b", "cluster": [1]}, "cluster: expected a mapping"),
+        (
+            {"model": {"layers": 2, "hidden": 8, "heads": 2, "ffn": 16, "vocab": 10, "sq_len": 4}},
+            "did you mean 'seq_len'",
+        ),
+    ],
+)
+def test_workload_fields_are_checked_before_anything_is_built(data: dict, says: str) -> None:
+    with pytest.raises(WorkloadError, match=re.escape(says)):
+        Workload.from_dict(data)

@@ -176,3 +176,15 @@ def test_spaces_whose_evaluation_would_not_end_are_refused(
     assert body["field"] in ("space", "strategy.name")
     print(f"\n{problem}: 422 in {took * 1e3:.0f} ms")
     assert client.get("/healthz").status_code == 200
+
+
+def test_a_malformed_workload_is_422_naming_it(client: TestClient) -> None:
+    from tests.service.conftest import spec
+
+    for cluster, says in (
+        ({"num_gpus": "sixteen"}, "num_gpus: expected int"),
+        ({"gpu_per_node": 8}, "did you mean 'gpus_per_node'"),
+    ):
+        body = spec(workload={"preset": "llama3_8b", "cluster": cluster})
+        err = assert_error(client.post("/v1/studies", json=body), 422, "InvalidInput", "workload")
+        assert says in err["detail"]
