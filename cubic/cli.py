@@ -382,11 +382,14 @@ def simulate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict step time, throughput, memory and MFU of one configuration."""
-    from cubic.sim import simulate
+    from cubic.sim import simulate, unknown_knobs
     from cubic.workload import get_workload
 
     wl = get_workload(workload)
     cfg = _load_yaml(config, "config")
+    unknown = unknown_knobs(wl.kind, cfg)
+    if unknown:
+        raise InvalidInput(f"{config}: unknown knob(s) {', '.join(unknown)}", field="config")
     row = simulate(wl, [cfg]).row(0)
     if json_out:
         _print_json(row)

@@ -49,6 +49,7 @@ every derived value. Optuna's define-by-run samplers see an inactive parameter a
 
 from __future__ import annotations
 
+import difflib
 import keyword
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -855,20 +856,38 @@ class Space:
     def is_valid(self, config: Mapping[str, Any], context: Mapping[str, Any]) -> bool:
         return not self.validate(config, context)
 
+    def unknown_keys(self, params: Mapping[str, Any]) -> list[str]:
+        """Why each key of ``params`` that is neither a parameter nor a derived value is
+        wrong, with the nearest known name."""
+        known = [*self.names, *self.derived_names]
+        out = []
+        for key in params:
+            if key in self._index or key in self.derived_names:
+                continue
+            near = difflib.get_close_matches(str(key), known, n=1)
+            out.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        return out
+
     def complete(self, params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
         """The full configuration: inactive parameters at their default, plus derived values.
 
-        Values of active parameters are taken as given (use :meth:`validate` to check them);
-        a value given for an inactive parameter is replaced by its default.
+        Each given value is checked against its parameter's domain first; a value given for
+        an inactive parameter is replaced by its default, and an active parameter left out
+        takes the space's default where it gives one. Every parameter still missing is
+        named at once (use :meth:`validate` for the constraints).
         """
         self.check_context(context)
-        unknown = [k for k in params if k not in self._index and k not in self.derived_names]
+        unknown = self.unknown_keys(params)
         if unknown:
-            raise self._error(f"unknown parameter(s) {unknown}")
+            raise self._error(f"unknown parameter(s) {', '.join(unknown)}")
         env: dict[str, Any] = dict(context)
         out: dict[str, Any] = {}
-        missing = []
+        missing: list[str] = []
+        undetermined: set[str] = set()  # missing, or conditioned on something missing
         for p in self.parameters:
+            if p.when is not None and p.when.names & undetermined:
+                undetermined.add(p.name)
+                continue
             try:
                 active = p.when is None or bool(p.when.evaluate(env))
             except ExpressionError as exc:
@@ -877,13 +896,18 @@ class Space:
                 value = p.default
             elif p.name in params:
                 value = params[p.name]
+                if not p.contains(value):
+                    raise self._error(f"parameter {p.name!r}: {value!r} is not {p.domain_text()}")
+            elif p.default is not None:
+                value = p.default
             else:
                 missing.append(p.name)
-                break
+                undetermined.add(p.name)
+                continue
             out[p.name] = env[p.name] = value
         if missing:
             raise self._error(
-                f"cannot complete the configuration: parameter {missing[0]!r} is missing"
+                f"cannot complete the configuration: missing parameter(s) {', '.join(missing)}"
             )
         for d in self.derived:
             try:

@@ -153,7 +153,7 @@ class StudySpec(_Spec):
         workload = self.load_workload(base)
         space = self.load_space(base)
         if self.baseline is not None:
-            params = {k: v for k, v in self.baseline.items() if k in space.names}
+            params = {k: v for k, v in self.baseline.items() if k not in space.derived_names}
             try:
                 baseline = space.complete(params, workload.context())
             except SpaceError as exc:

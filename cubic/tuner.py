@@ -113,7 +113,9 @@ class Tuner:
             owner_token_id=owner_token_id,
         )
         if spec.baseline is not None:
-            params = {k: v for k, v in spec.baseline.items() if k in resolved.space.names}
+            params = {
+                k: v for k, v in spec.baseline.items() if k not in resolved.space.derived_names
+            }
             self.store.add_trials(
                 study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
             )
@@ -139,14 +141,14 @@ class Tuner:
     def _checked_config(r: ResolvedStudy, cfg: dict[str, Any], field: str) -> dict[str, Any]:
         """``cfg`` completed (inactive knobs at their default, derived values) and validated.
 
-        Keys that are not parameters of the space are dropped, so a config copied from a
-        launcher with extra fields still fits.
+        A key that is not a knob of the space is refused with the nearest knob's name: a
+        misspelt knob silently dropped would run another config than the one meant.
         """
         if not isinstance(cfg, dict):
             raise InvalidInput(f"{field}: a config must be a mapping", field=field)
         try:
             params = r.space.complete(
-                {k: v for k, v in cfg.items() if k in r.space.names}, r.context
+                {k: v for k, v in cfg.items() if k not in r.space.derived_names}, r.context
             )
         except SpaceError as exc:
             raise InvalidInput(f"{field}: {exc}", field=field) from exc

@@ -281,8 +281,18 @@ def test_inactive_parameter_takes_its_default(small: Space) -> None:
 
 def test_active_parameter_must_be_present(small: Space) -> None:
     assert small.validate({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX) == ["parameter 'c' is missing"]
-    with pytest.raises(SpaceError, match="parameter 'c' is missing"):
-        small.complete({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX)
+    # complete() fills an active knob the space gives a default for...
+    assert small.complete({"a": 2, "b": "x", "e": 0.0, "g": 2}, CTX)["c"] == 1
+    # ...and names every other missing one at once (not one per attempt).
+    with pytest.raises(SpaceError, match=r"missing parameter\(s\) b, e$"):
+        small.complete({"a": 2, "g": 2}, CTX)
+
+
+def test_complete_checks_domains_and_names_unknown_keys(small: Space) -> None:
+    with pytest.raises(SpaceError, match=r"parameter 'c': '4' is not"):
+        small.complete({"a": 2, "b": "x", "c": "4", "e": 0.0, "g": 2}, CTX)
+    with pytest.raises(SpaceError, match=r"'bb' \(did you mean 'b'\?\)"):
+        small.complete({"a": 2, "bb": "x", "e": 0.0, "g": 2}, CTX)
 
 
 def test_unknown_keys_are_reported(small: Space) -> None:

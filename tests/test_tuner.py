@@ -261,7 +261,7 @@ def test_imported_history_is_checked_and_uses_no_budget(tuner: Tuner) -> None:
         sid,
         [
             ({"x": 4, "y": 7}, "complete", {"throughput": 1000.0}),
-            ({"x": 12, "y": 0, "note": "dropped"}, "infeasible", None),
+            ({"x": 12, "y": 0}, "infeasible", None),
             ({"x": 5, "y": 7}, "complete", {"throughput": 5000.0, "error_score": 3.0}),
         ],
     )
@@ -276,6 +276,10 @@ def test_imported_history_is_checked_and_uses_no_budget(tuner: Tuner) -> None:
     with pytest.raises(InvalidInput, match=r"trials\.0\.params") as info:
         tuner.import_history(sid, [({"x": 99, "y": 0}, "complete", {"throughput": 1.0})])
     assert info.value.field == "trials.0.params"
+    # A misspelt knob is refused, not dropped: it would stand for another config.
+    with pytest.raises(InvalidInput, match=r"'yy' \(did you mean 'y'\?\)") as info:
+        tuner.import_history(sid, [({"x": 4, "yy": 7}, "complete", {"throughput": 1.0})])
+    assert info.value.field == "trials.0.params"
     with pytest.raises(InvalidInput, match="throughput") as info:
         tuner.import_history(sid, [({"x": 1, "y": 1}, "complete", {"mfu": 0.4})])
     assert info.value.field == "trials.0.metrics"
@@ -289,7 +293,7 @@ def test_imported_history_is_checked_and_uses_no_budget(tuner: Tuner) -> None:
 
 def test_an_incomplete_enqueued_config_is_invalid_input(tuner: Tuner) -> None:
     sid = tuner.create_study(_spec()).id
-    with pytest.raises(InvalidInput, match="'y' is missing") as info:
+    with pytest.raises(InvalidInput, match=r"missing parameter\(s\) y") as info:
         tuner.enqueue(sid, [{"x": 1, "y": 1}, {"x": 1}])
     assert info.value.field == "configs.1"
 

@@ -27,4 +27,31 @@ def simulate(workload: Workload, configs: Configs) -> SimResult:
     return simulate_dlrm(workload, configs)
 
 
-__all__ = ["SimResult", "simulate"]
+def knob_defaults(kind: str) -> dict[str, Any]:
+    """The simulator's knobs of a workload kind, with their defaults."""
+    if kind == "llm":
+        from cubic.sim.llm import DEFAULTS
+    else:
+        from cubic.sim.dlrm import DEFAULTS
+    return dict(DEFAULTS)
+
+
+def unknown_knobs(kind: str, config: Mapping[str, Any]) -> list[str]:
+    """Keys of ``config`` the simulator does not know, each with the nearest knob's name: a
+    misspelt knob would otherwise silently keep its default."""
+    import difflib
+
+    if kind == "llm":
+        from cubic.sim.llm import DERIVED
+    else:
+        from cubic.sim.dlrm import DERIVED
+    known = [*knob_defaults(kind), *DERIVED]
+    out = []
+    for key in config:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            out.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return out
+
+
+__all__ = ["SimResult", "knob_defaults", "simulate", "unknown_knobs"]

@@ -160,6 +160,9 @@ DEFAULTS: dict[str, Any] = {
     "allow_tf32": False,
 }
 
+#: Values a config may carry that follow from the knobs (the shipped space derives them).
+DERIVED = frozenset({"global_batch"})
+
 #: Rows per table of the TorchRec reference runs (``--num_embeddings_per_feature`` in the
 #: README's common flags: the full Criteo 1TB vocabularies, 91.1 GB of fp32 tables).
 TORCHREC_REFERENCE_ROWS = (

@@ -158,6 +158,9 @@ DEFAULTS: dict[str, Any] = {
     "fp32_grads": None,
 }
 
+#: Values a config may carry that follow from the knobs (the shipped space derives them).
+DERIVED = frozenset({"num_microbatches"})
+
 RECOMPUTE = ("none", "selective", "full")
 GIB = float(2**30)
 

@@ -225,12 +225,16 @@ def test_list_trials_filters_and_pages(client: TestClient) -> None:
 def test_enqueue_runs_given_configs_first(client: TestClient) -> None:
     sid = create(client)["id"]
     url = f"/v1/studies/{sid}/trials:enqueue"
-    mine = {**BASELINE, "micro_batch": 2, "launcher_note": "ignored"}
+    # A key that is no knob is refused with the nearest knob, not dropped.
+    typo = {**BASELINE, "micro_bach": 2}
+    body = assert_error(client.post(url, json={"configs": [typo]}), 422, "InvalidInput")
+    assert "'micro_bach' (did you mean 'micro_batch'?)" in body["detail"]
+    mine = {**BASELINE, "micro_batch": 2}
     resp = client.post(url, json={"configs": [mine]})
     assert resp.status_code == 201, resp.text
     (queued,) = resp.json()["trials"]
     assert queued["source"] == "enqueued" and queued["state"] == "waiting"
-    assert queued["params"]["micro_batch"] == 2 and "launcher_note" not in queued["params"]
+    assert queued["params"]["micro_batch"] == 2
     assert queued["params"]["dp"] == 8  # derived values are filled in
     assert lease(client, sid)[0]["id"] == queued["id"]
 
