@@ -22,7 +22,7 @@ from tests.service.conftest import spec
 from tests.service.faults import PgCluster, Workers, api_process, can_run_postgres, invariants
 from tests.service.faults import wait_for as wait_until
 
-BUDGET = 48
+BUDGET = 40
 
 
 def _finished(db_url: str, study_id: int) -> int:
@@ -88,22 +88,22 @@ def test_api_killed_mid_study_16_workers_ride_through(db_url: str, tmp_path: Pat
 
 
 def test_half_the_workers_killed_mid_study(db_url: str, tmp_path: Path) -> None:
-    """SIGKILL of 8 of 16 workers: their leases expire, their trials are retried by the
+    """SIGKILL of 4 of 8 workers: their leases expire, their trials are retried by the
     others, and what they reported before they died is kept."""
     upgrade(db_url)
     with api_process(db_url, tmp_path / "api.log") as api:
-        sid = _study(api.url, 16)
-        workers = Workers(api.url, sid, 16, tmp_path, job_s=1.0, lease_s=5)
+        sid = _study(api.url, 8)
+        workers = Workers(api.url, sid, 8, tmp_path, job_s=1.0, lease_s=5)
         try:
-            _mid_study(db_url, sid, 16)
-            workers.kill(list(range(8)))
+            _mid_study(db_url, sid, 8)
+            workers.kill(list(range(4)))
             codes = workers.wait(timeout=600)
         finally:
             workers.close()
     logs = _logs(workers)
-    assert codes[8:] == [0] * 8, logs
+    assert codes[4:] == [0] * 4, logs
     assert "reaped" in (tmp_path / "api.log").read_text()  # the service says what it did
-    everyone = list(range(16))
+    everyone = list(range(8))
     assert invariants(db_url, sid, BUDGET, workers.reported(everyone)) == [], logs
 
 
