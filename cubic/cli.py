@@ -697,8 +697,9 @@ def bench_proposal_cmd(
     console.print(
         f"one round of {r['n']} proposals with {r['history']:,} finished trials: "
         f"{r['round_with_fit_s']:.2f} s with the proxy fit, "
-        f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3); the study's "
-        f"survey of its space (once per study): {r['survey_s']:.2f} s"
+        f"{r['round_on_fitted_proxy_s']:.2f} s on a fitted proxy (median of 3); a new "
+        f"strategy's first round (every trial seen once): {r['first_round_s']:.2f} s; the "
+        f"study's survey of its space (once per study): {r['survey_s']:.2f} s"
     )
 
 

@@ -9,6 +9,7 @@ def test_bench_proposal_reports_round_times() -> None:
     r = bench_proposal(history=200, n=4, repeat=1)
     assert r["history"] == 200 and r["n"] == 4
     assert r["round_with_fit_s"] > 0 and r["round_on_fitted_proxy_s"] > 0
+    assert r["first_round_s"] > 0 and r["survey_s"] > 0
 
 
 def test_bench_sampler_round_reports_a_round_time() -> None:
