@@ -71,10 +71,27 @@ def _url(db: str | None) -> str:
 
 
 def _tuner(db: str | None):
+    """The tuner on the local database; a SQLite file that does not exist is not created
+    here (that is `cubic db upgrade`'s job)."""
+    from sqlalchemy.engine import make_url
+
     from cubic.store import Store
     from cubic.tuner import Tuner
 
-    return Tuner(Store(_url(db)))
+    url = _url(db)
+    parsed = make_url(url)
+    local_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (
+        None,
+        "",
+        ":memory:",
+    )
+    if local_file and not Path(str(parsed.database)).exists():
+        raise InvalidInput(
+            f"no database at {parsed.database}: run `cubic db upgrade` first, or pass "
+            "--url (CUBIC_URL) to use a service",
+            field="database_url",
+        )
+    return Tuner(Store(url))
 
 
 def _print_json(obj: Any) -> None:
@@ -211,21 +228,54 @@ def spaces_validate(
 
 # studies ------------------------------------------------------------------------------------
 @study_app.command("create")
-def study_create(file: Path, db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    """Create a study from a YAML spec."""
-    from cubic.study import load_spec
+def study_create(
+    file: Path, db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False
+) -> None:
+    """Create a study from a YAML spec (on the service with --url or CUBIC_URL)."""
+    if url:
+        from cubic.client import CubicClient
 
-    spec, base = load_spec(file)
-    study = _tuner(db).create_study(spec, base)
-    if json_out:
-        _print_json({"id": study.id, "name": study.name})
+        with CubicClient(url) as client:
+            made = client.create_study_from_file(file)
+        sid, name = made["id"], made["name"]
     else:
-        console.print(f"created study {study.id}: {study.name}")
+        from cubic.study import load_spec
+
+        spec, base = load_spec(file)
+        study = _tuner(db).create_study(spec, base)
+        sid, name = study.id, study.name
+    if json_out:
+        _print_json({"id": sid, "name": name})
+    else:
+        console.print(f"created study {sid}: {name}")
 
 
 @study_app.command("list")
-def study_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    """List studies."""
+def study_list(db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
+    """List studies (of the service with --url or CUBIC_URL)."""
+    if url:
+        from cubic.client import CubicClient
+
+        with CubicClient(url) as client:
+            items = client.list_studies(limit=500)["items"]
+        rows = [
+            {
+                "id": s["id"],
+                "name": s["name"],
+                "state": s["state"],
+                "kind": s["workload_kind"],
+                "trials": sum((s.get("progress") or {}).get("counts", {}).values()),
+            }
+            for s in items
+        ]
+        if json_out:
+            _print_json([{k: r[k] for k in ("id", "name", "state", "kind")} for r in rows])
+            return
+        table = Table("id", "name", "kind", "state")
+        for r in rows:
+            table.add_row(str(r["id"]), r["name"], r["kind"], r["state"])
+        console.print(table)
+        return
     tuner = _tuner(db)
     studies = tuner.store.list_studies(limit=1000)
     if json_out:
@@ -244,18 +294,32 @@ def study_list(db: DbOpt = None, json_out: JsonOpt = False) -> None:
 
 
 @study_app.command("show")
-def study_show(study_id: int, db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    """Show a study's spec summary and progress."""
-    tuner = _tuner(db)
-    s = tuner.store.get_study(study_id)
-    prog = tuner.progress(study_id)
-    if json_out:
-        _print_json(
-            {"id": s.id, "name": s.name, "state": str(s.state), "spec": s.spec, "progress": prog}
+def study_show(
+    study_id: int, db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False
+) -> None:
+    """Show a study's spec summary and progress (from the service with --url or CUBIC_URL)."""
+    if url:
+        from cubic.client import CubicClient
+
+        with CubicClient(url) as client:
+            got = client.get_study(study_id)
+        sid, name, state, kind, spec = (
+            got["id"],
+            got["name"],
+            got["state"],
+            got["workload_kind"],
+            got["spec"],
         )
+        prog = got["progress"]
+    else:
+        tuner = _tuner(db)
+        s = tuner.store.get_study(study_id)
+        sid, name, state, kind, spec = s.id, s.name, str(s.state), s.workload_kind, s.spec
+        prog = tuner.progress(study_id)
+    if json_out:
+        _print_json({"id": sid, "name": name, "state": state, "spec": spec, "progress": prog})
         return
-    spec = s.spec
-    console.print(f"[bold]study {s.id}[/bold]: {s.name} ({s.workload_kind}, {s.state})")
+    console.print(f"[bold]study {sid}[/bold]: {name} ({kind}, {state})")
     console.print(f"workload: {spec['workload']['name']} on {spec['workload']['cluster']}")
     objs = ", ".join(f"{o['direction']} {o['metric']}" for o in spec["objectives"])
     console.print(f"objectives: {objs}; strategy: {spec['strategy']['name']}")
@@ -507,7 +571,7 @@ def serve(
 def submit(file: Path, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
     """Submit a study file to the service (or create it in the local database)."""
     if not url:
-        study_create(file, None, json_out)
+        study_create(file, db=None, url=None, json_out=json_out)
         return
     from cubic.client import CubicClient
 
@@ -527,7 +591,7 @@ def status(
 ) -> None:
     """A live progress display of a study, with the best value so far."""
     if not url:
-        study_show(study_id, None, False)
+        study_show(study_id, db=None, url=None, json_out=False)
         return
     from cubic.client import CubicClient
     from cubic.progress import summary, watch_study

@@ -87,6 +87,7 @@ def test_missing_schema_is_refused_with_the_command_to_run(tmp_path: Path) -> No
     assert proc.returncode == 2
     assert "cubic db upgrade" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.db").exists()  # no empty database left behind
 
 
 def test_study_lifecycle_through_the_cli(tmp_path: Path) -> None:

@@ -275,3 +275,25 @@ def test_an_outcome_computed_while_the_service_is_away_is_reported_when_it_is_ba
         assert (stored["metrics"] or {}) == kept[1].metrics
         assert client.trial(other["id"])["state"] == "running"  # the stale report refused
         assert box.pending(sid) == []
+
+
+def test_study_commands_honour_the_service_url(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cubic study create/list/show` with CUBIC_URL talk to the service."""
+    import json
+
+    from tests.test_cli import SPACES, cubic
+
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        "name: via-url\nworkload: {preset: llama3_8b, cluster: {num_gpus: 16}}\n"
+        f"space: {SPACES / 'llm_pretrain.yaml'}\nobjective: tokens_per_s\n"
+        "budget: {max_trials: 2, max_parallel: 1}\nstrategy: {name: random, seed: 0}\n"
+    )
+    monkeypatch.setenv("CUBIC_URL", url)
+    made = json.loads(cubic("study", "create", str(study), "--json").stdout)
+    listed = json.loads(cubic("study", "list", "--json").stdout)
+    assert made["id"] in [s["id"] for s in listed] and "via-url" in [s["name"] for s in listed]
+    shown = json.loads(cubic("study", "show", str(made["id"]), "--json").stdout)
+    assert shown["name"] == "via-url" and shown["state"] == "running"
