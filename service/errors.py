@@ -102,14 +102,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _too_deep(request: Request, exc: Exception) -> JSONResponse:
-    """A body nested deeper than the parser recurses (a 100,000-level JSON array)."""
-    return JSONResponse(
-        error_body(f"body: nested more than {MAX_DEPTH} levels deep", "body", "InvalidInput"),
-        status_code=422,
-    )
-
-
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("%s %s failed", request.method, request.url.path)
     return JSONResponse(
@@ -124,5 +116,4 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(exc, _input_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RecursionError, _too_deep)
     app.add_exception_handler(Exception, _unexpected)

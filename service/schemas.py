@@ -570,17 +570,11 @@ class TokenOut(BaseModel):
     last_used_at: datetime | None
     revoked_at: datetime | None
 
+    model_config = ConfigDict(from_attributes=True)
+
     @classmethod
     def from_token(cls, t: ApiToken) -> TokenOut:
-        return cls(
-            id=t.id,
-            name=t.name,
-            role=t.role,
-            study_id=t.study_id,
-            created_at=t.created_at,
-            last_used_at=t.last_used_at,
-            revoked_at=t.revoked_at,
-        )
+        return cls.model_validate(t)
 
 
 class TokenCreated(TokenOut):

@@ -251,10 +251,9 @@ class Store:
     def bind_worker(self, worker_id: str, token_id: int) -> int:
         """Bind a worker id to the token that first uses it; returns the token it is bound
         to (another one's: the caller may not act as that worker)."""
-        with self._session(write=True) as s:
-            row = s.get(WorkerIdentityRow, worker_id)
-            if row is not None:
-                return row.token_id
+        bound = self.worker_token(worker_id)  # a read: every lease asks, once binds
+        if bound is not None:
+            return bound
         try:
             with self._session(write=True) as s:
                 s.add(
@@ -262,11 +261,10 @@ class Store:
                 )
             return token_id
         except StorageError:  # another request bound it first
-            with self._session(write=False) as s:
-                row = s.get(WorkerIdentityRow, worker_id)
-                if row is None:
-                    raise
-                return row.token_id
+            bound = self.worker_token(worker_id)
+            if bound is None:
+                raise
+            return bound
 
     def worker_token(self, worker_id: str | None) -> int | None:
         """The token a worker id is bound to, if any."""
