@@ -119,21 +119,19 @@ class Worker:
         workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))
         self._job_spec = spec.get("job") or {}
         self._objectives = tuple(o["metric"] for o in spec.get("objectives", []))
-        for lease, outcome in self.outbox.pending(self.study_id):  # an earlier run's results
-            log.info("trial %s: reporting the outcome an earlier run kept", lease["id"])
-            self._report(lease, outcome)
-            if self._gone:
-                raise StorageError(f"cannot report to cubic at {self.client.url}")
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="cubic-heartbeat")
         beat.start()
         try:
+            for lease, outcome in self.outbox.pending(self.study_id):  # an earlier run's
+                log.info("trial %s: reporting the outcome an earlier run kept", lease["id"])
+                self._report(lease, outcome)
+                self._give_up_if_gone()
             while not self.stopping.is_set():
                 if max_trials is not None and self.reported >= max_trials:
                     break
                 leased = self._lease_more(workload, timeout, max_trials)
                 finished = self._collect()
-                if self._gone:
-                    raise StorageError(f"cannot report to cubic at {self.client.url}")
+                self._give_up_if_gone()
                 if not self._active and not leased and not finished:
                     state = self.client.get_study(self.study_id)["state"]
                     if state in FINAL_STUDY_STATES:
@@ -154,6 +152,10 @@ class Worker:
             self.stopping.set()
             beat.join(timeout=5)
         return self.reported
+
+    def _give_up_if_gone(self) -> None:
+        if self._gone:
+            raise StorageError(f"cannot report to cubic at {self.client.url}")
 
     def _lease_more(self, workload: dict[str, Any], timeout: float, max_trials: int | None) -> int:
         room = self.parallel - len(self._active)
