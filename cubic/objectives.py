@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from cubic.errors import InvalidInput
 from cubic.study import StudySpec
 from cubic.workload import Workload
 
@@ -33,8 +34,6 @@ def check_metrics(spec: StudySpec, metrics: Mapping[str, Any], field: str = "met
     :data:`READ_METRICS` that is present must be a finite number (the non-negative ones
     not below zero). A bad value is refused at the door, so it can never poison a study
     (its best, its GPU-hour budget, its proxy model)."""
-    from cubic.errors import InvalidInput
-
     names = [o.metric for o in spec.objectives] + [m for m in READ_METRICS if m in metrics]
     for name in dict.fromkeys(names):
         if name not in metrics:

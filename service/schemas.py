@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cubic.store.objects import ApiToken, Role, Study, StudyState, Trial, TrialEvent, TrialState
+from service.errors import MAX_DEPTH
 
 MAX_LOG_TAIL = 64 * 1024
 MAX_METRICS = 256
@@ -40,8 +41,6 @@ _METRICS_EXAMPLE = {
 def no_nul(value: Any, path: str = "body", depth: int = 0) -> Any:
     """Refuse NUL characters in any string or key of a JSON value (PostgreSQL cannot store
     them, and no name, id or message needs one), and nesting deeper than ``MAX_DEPTH``."""
-    from service.errors import MAX_DEPTH
-
     if depth > MAX_DEPTH:
         raise ValueError(f"{path}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, str):
