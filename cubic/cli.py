@@ -707,6 +707,9 @@ def bench_search_cmd(
     transfer: Annotated[
         bool, typer.Option(help="give strategies the other studies' history")
     ] = False,
+    transfer_from: Annotated[
+        str, typer.Option(help="how that history was searched: cubic or random")
+    ] = "cubic",
     through_service: Annotated[
         bool,
         typer.Option(
@@ -735,6 +738,7 @@ def bench_search_cmd(
         transfer=transfer,
         console=console,
         through_service=through_service,
+        transfer_from=transfer_from,
     )
 
 

@@ -26,7 +26,8 @@ finish order. The infeasible share counts trials that could not run and complete
 that broke a constraint (memory headroom, error bound), as the tuner treats both.
 
 Transfer: ``history`` maps a study name to ``(workload, trial)`` pairs from *other* studies
-(see :func:`history_from_other_studies`). A strategy receives them as ``prior=[...]`` when
+(see :func:`history_from_other_studies`: by default each other study's own ``cubic``
+search, as a service holds it once those studies have run). A strategy receives them as ``prior=[...]`` when
 its class names a ``prior`` keyword in ``__init__`` or sets ``accepts_prior = True``;
 every other strategy runs without them (the Optuna-backed ones would hand unknown options
 to their sampler).
@@ -570,11 +571,30 @@ def run_one(
 # ----------------------------------------------------------------------------- transfer
 
 
+#: Where a transfer history comes from: what a service holds after earlier studies were
+#: searched (``cubic``), or the harder case of a history that never came near an optimum.
+HISTORY_SOURCES = ("cubic", "random")
+
+
 @lru_cache(maxsize=64)
-def _random_history(
-    path: str, n: int, seed: int, study_id: int
+def _history(
+    path: str, n: int, seed: int, study_id: int, source: str = "cubic"
 ) -> tuple[Workload, tuple[Trial, ...]]:
+    """``n`` finished trials of one study: its ``cubic`` search, or random configs."""
     study = load_study(path)
+    if source == "cubic":
+        from cubic.strategies.cubic import CubicStrategy
+
+        # A seed of its own, so that no benchmark run replays the history it is given.
+        hseed = 10_000 + seed
+        trials = simulate_search(study, CubicStrategy(study, seed=hseed), seed=hseed, budget=n)
+        done = [replace(t, study_id=study_id) for t in trials if t.is_finished]
+        return study.workload, tuple(done)
+    if source != "random":
+        raise InvalidInput(
+            f"unknown history source {source!r}; known: {', '.join(HISTORY_SOURCES)}",
+            field="transfer_from",
+        )
     rng = np.random.default_rng([seed, study_id])
     configs = study.space.sample(rng, n, study.context)
     out = []
@@ -587,11 +607,16 @@ def _random_history(
 
 
 def history_from_other_studies(
-    studies: Sequence[str | Path], exclude: str | Path, n_per_study: int = 64, seed: int = 0
+    studies: Sequence[str | Path],
+    exclude: str | Path,
+    n_per_study: int = 64,
+    seed: int = 0,
+    source: str = "cubic",
 ) -> Prior:
-    """Random-search history (``n_per_study`` finished trials each) of every study but one.
+    """The history (``n_per_study`` trials each) of every study but one.
 
-    ``exclude`` is a study's name or file. Each other study's trials carry their own
+    ``exclude`` is a study's name or file. ``source`` says how each other study was
+    searched (:data:`HISTORY_SOURCES`). Each other study's trials carry their own
     ``study_id`` (its position in ``studies`` plus one) so that a consumer can group them.
     """
     out: Prior = []
@@ -599,17 +624,17 @@ def history_from_other_studies(
         spec, _ = load_spec(path)
         if spec.name == str(exclude) or Path(path).resolve() == Path(exclude).resolve():
             continue
-        workload, trials = _random_history(str(Path(path).resolve()), n_per_study, seed, i + 1)
+        workload, trials = _history(str(Path(path).resolve()), n_per_study, seed, i + 1, source)
         out.extend((workload, t) for t in trials)
     return out
 
 
 def transfer_history(
-    studies: Sequence[str | Path], n_per_study: int = 64, seed: int = 0
+    studies: Sequence[str | Path], n_per_study: int = 64, seed: int = 0, source: str = "cubic"
 ) -> dict[str, Prior]:
-    """For each study (by name), the random-search history of all the others."""
+    """For each study (by name), the history of all the others."""
     return {
-        load_spec(p)[0].name: history_from_other_studies(studies, p, n_per_study, seed)
+        load_spec(p)[0].name: history_from_other_studies(studies, p, n_per_study, seed, source)
         for p in studies
     }
 
@@ -902,12 +927,14 @@ def bench_search(
     transfer: bool = False,
     console: Any = None,
     through_service: bool = False,
+    transfer_from: str = "cubic",
 ) -> BenchResult:
     """``cubic bench``: run the benchmark, print its tables, and write JSON and a plot.
 
     Strategy names that are not registered are skipped with a note (so the default list can
     name strategies that are not installed). ``transfer`` gives every strategy that accepts
-    a prior 64 random-search trials of each other study.
+    a prior 64 trials of each other study, from its ``cubic`` search or random configs
+    (``transfer_from``).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -925,7 +952,14 @@ def bench_search(
             field="strategies",
         )
     seed_list = parse_seeds(seeds)
-    history = transfer_history(files) if transfer else None
+    if transfer_from not in HISTORY_SOURCES:
+        raise InvalidInput(
+            f"unknown history source {transfer_from!r}; known: {', '.join(HISTORY_SOURCES)}",
+            field="transfer_from",
+        )
+    if transfer:
+        console.print(f"transfer: 64 trials of each other study ({transfer_from} search)")
+    history = transfer_history(files, source=transfer_from) if transfer else None
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

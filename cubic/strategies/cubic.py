@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cubic.objectives import objective_values, violations
+from cubic.space import SpaceError
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
 from cubic.strategies.candidates import Candidates, survey
@@ -73,7 +74,7 @@ class CubicStrategy(Strategy):
         kappa: float = 1.0,
         feasibility_power: float = 2.0,
         radius: float = 0.5,
-        transfer_tau: float = 0.6,
+        transfer_tau: float = 0.25,
         n_members: int = 5,
         n_estimators: int = 150,
         refit_every: int = 2,
@@ -113,6 +114,7 @@ class CubicStrategy(Strategy):
         self._tau: tuple[int, float] | None = None
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
         self._regions: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
+        self._prior_best: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
@@ -574,20 +576,55 @@ class CubicStrategy(Strategy):
         return float(np.mean(taus)) if taus else 0.0
 
     # candidates and the acquisition ---------------------------------------------------------
-    def _mutants(
-        self, history: Sequence[Trial], m: int, rng: np.random.Generator
-    ) -> dict[str, np.ndarray]:
-        """``m`` valid configs one or two knob steps from the best trials (vectorised)."""
+    def _elites(self, history: Sequence[Trial]) -> list[dict[str, Any]]:
+        """The best configs to mutate: this study's eight best trials, or, while it has
+        measured fewer than ``warmup``, the best of every prior workload as well (the
+        fastest configs of a similar job are the likeliest to be fast here)."""
         ranked = sorted(
             ((v, t) for t in history for v in [self._value(t)[0]] if v is not None),
             key=lambda p: p[0],
             reverse=True,
-        )[:8]
+        )
+        out = [t.params for _, t in ranked[:8]]
+        if len(ranked) < self.warmup:
+            out += self._prior_elites()
+        return out
+
+    def _prior_elites(self, per_workload: int = 4) -> list[dict[str, Any]]:
+        """Each prior workload's fastest measured configs, made valid in this space (cached)."""
+        key = (len(self.prior), per_workload)
+        if self._prior_best is not None and self._prior_best[0] == key:
+            return self._prior_best[1]
+        by_wl: dict[int, list[tuple[float, Trial]]] = {}
+        for wl, t in self.prior:
+            v = (t.metrics or {}).get("throughput") if t.state == TrialState.COMPLETE else None
+            if isinstance(v, int | float) and v > 0:
+                by_wl.setdefault(id(wl), []).append((float(v), t))
+        space, names = self.study.space, set(self.study.space.names)
+        out: list[dict[str, Any]] = []
+        for pairs in by_wl.values():
+            pairs.sort(key=lambda p: p[0], reverse=True)
+            for _, t in pairs[:per_workload]:
+                try:
+                    cfg = space.complete(
+                        {k: v for k, v in t.params.items() if k in names}, self.context
+                    )
+                except SpaceError:
+                    continue  # a knob value this space does not offer
+                if not space.validate(cfg, self.context):
+                    out.append(cfg)
+        self._prior_best = (key, out)
+        return out
+
+    def _mutants(
+        self, elites: Sequence[dict[str, Any]], m: int, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
+        """``m`` valid configs one or two knob steps from ``elites`` (vectorised)."""
         space = self.study.space
-        if not ranked:
+        if not elites:
             return {}
-        base = space.to_arrays([t.params for _, t in ranked])
-        rows = rng.integers(0, len(ranked), m)
+        base = space.to_arrays(list(elites))
+        rows = rng.integers(0, len(elites), m)
         # Object columns: a fixed-width string array would truncate a longer choice.
         raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items() if k in space.names}
         finite = [
@@ -626,13 +663,18 @@ class CubicStrategy(Strategy):
         base, base_pos = self._candidates()
         fresh = np.array([k not in seen for k in base.keys], dtype=bool)
         rows = np.flatnonzero(fresh & self._base_runnable(history))
-        if len(rows) > self.pool_size:
+        # Before this study has measured anything the ranking is borrowed, and a round
+        # costs no fit of its own: score every candidate, so that the few configs the
+        # prior ranks first are not missed by a subsample.
+        measured = any(self._value(t)[0] is not None for t in history)
+        if len(rows) > self.pool_size and measured:
             rows = np.sort(rng.choice(rows, self.pool_size, replace=False))
         extra: list[Proposal] = []
         taken = set(seen) | {base.keys[i] for i in rows}
         space = self.study.space
-        mutants = self._mutants(history, max(200, self.pool_size // 5), rng)
-        for cfg in space.from_arrays(mutants) if mutants else []:
+        elites = self._elites(history)
+        mutants = self._mutants(elites, max(200, self.pool_size // 5), rng)
+        for cfg in [*elites, *(space.from_arrays(mutants) if mutants else [])]:
             k = config_key(cfg)
             if k not in taken:
                 taken.add(k)

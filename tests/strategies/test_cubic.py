@@ -67,7 +67,7 @@ def test_mutations_are_valid_choices_of_every_knob() -> None:
     study = _study("dlrm_dot_a100x8")
     strategy = make_strategy(study)
     history = _run(study, strategy, 16)
-    mutants = strategy._mutants(history, 2000, np.random.default_rng(0))
+    mutants = strategy._mutants(strategy._elites(history), 2000, np.random.default_rng(0))
     configs = study.space.from_arrays(mutants)
     assert len(configs) > 500
     assert all(not study.space.validate(c, study.context) for c in configs)
