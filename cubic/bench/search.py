@@ -27,10 +27,10 @@ that broke a constraint (memory headroom, error bound), as the tuner treats both
 
 Transfer: ``history`` maps a study name to ``(workload, trial)`` pairs from *other* studies
 (see :func:`history_from_other_studies`: by default each other study's own ``cubic``
-search, as a service holds it once those studies have run). A strategy receives them as ``prior=[...]`` when
-its class names a ``prior`` keyword in ``__init__`` or sets ``accepts_prior = True``;
-every other strategy runs without them (the Optuna-backed ones would hand unknown options
-to their sampler).
+search, as a service holds it once those studies have run). A strategy receives them as
+``prior=[...]`` when its class names a ``prior`` keyword in ``__init__`` or sets
+``accepts_prior = True``; every other strategy runs without them (the Optuna-backed ones
+would hand unknown options to their sampler).
 
 JSON written by :meth:`BenchResult.to_dict` (``version`` 1)::
 
