@@ -111,7 +111,7 @@ class OptunaStrategy(Strategy):
 
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         dists = self._distributions()
-        seed = (self.seed or 0) * 1_000_003 + len(history)
+        seed = ((self.seed or 0) * 1_000_003 + len(history)) % 2**32  # numpy takes 32 bits
         ostudy = optuna.create_study(directions=self._directions(), sampler=self.sampler(seed))
         ostudy.add_trials(self._frozen(history, dists))
         seen = self.seen(history)

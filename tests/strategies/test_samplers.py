@@ -77,3 +77,11 @@ def test_a_round_asks_the_sampler_once_per_proposal_at_most(name: str, asks: int
     keys = {config_key(p.params) for p in props} | {config_key(t.params) for t in history}
     assert len(keys) == 8 + len(history)
     assert all(not study.space.validate(p.params, study.context) for p in props)
+
+
+@pytest.mark.parametrize("seed", [2**32, 10**12])
+def test_a_seed_beyond_32_bits_still_proposes(seed: int) -> None:
+    """The sampler's seed is derived from the study's; numpy takes only 32 bits."""
+    resolved = _bench("dlrm_dot_a100x8", "tpe")
+    proposals = make_strategy(resolved).__class__(resolved, seed=seed).suggest([], 2)
+    assert len(proposals) == 2
