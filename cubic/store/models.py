@@ -15,6 +15,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -94,6 +95,13 @@ class StudyRow(Base):
     # The token that created the study (a submitter manages its own); no foreign key, so
     # that a study outlives its token.
     owner_token_id: Mapped[int | None] = mapped_column(Integer)
+    # Counts kept in the same transaction as each trial's state change, so that a lease or
+    # a report reads one row instead of the study's whole history: trials proposed (first
+    # attempts, imports excluded), waiting and running now, and GPU-hours reported.
+    n_proposed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    n_waiting: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    n_running: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gpu_hours: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class TrialRow(Base):
@@ -128,11 +136,14 @@ class TrialRow(Base):
 
 class TrialEventRow(Base):
     __tablename__ = "cubic_trial_event"
+    # A strategy reads what changed in its study since the last event it saw.
+    __table_args__ = (Index("ix_cubic_trial_event_study_id_id", "study_id", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     trial_id: Mapped[int] = mapped_column(
         ForeignKey("cubic_trial.id", ondelete="CASCADE"), index=True
     )
+    study_id: Mapped[int | None] = mapped_column(Integer)
     from_state: Mapped[str | None] = mapped_column(String(16))
     to_state: Mapped[str] = mapped_column(String(16))
     at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -65,6 +65,21 @@ class Study:
     owner_token_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StudyCounts:
+    """A study's state and the counts the tuner decides with (kept by the store)."""
+
+    state: StudyState
+    proposed: int  # first attempts, imported past runs excluded
+    waiting: int
+    running: int
+    gpu_hours: float  # reported by its own trials (imports excluded)
+
+    @property
+    def active(self) -> int:
+        return self.waiting + self.running
+
+
 class Role(StrEnum):
     """What a token may do: readers read; submitters create and manage their own studies;
     workers lease, heartbeat, report and release; admins everything."""

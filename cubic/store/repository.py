@@ -17,6 +17,7 @@ import copy
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import threading
@@ -57,6 +58,7 @@ from cubic.store.objects import (
     ProxyModelVersion,
     Role,
     Study,
+    StudyCounts,
     StudyState,
     Trial,
     TrialEvent,
@@ -278,6 +280,40 @@ class Store:
         with self._session(write=False) as s:
             return _study(_get_study(s, study_id))
 
+    def study_counts(self, study_id: int) -> StudyCounts:
+        """The study's state and trial counts: one row, whatever the history's size."""
+        c = StudyRow
+        query = select(c.state, c.n_proposed, c.n_waiting, c.n_running, c.gpu_hours).where(
+            c.id == study_id
+        )
+        with self._session(write=False) as s:
+            row = s.execute(query).first()
+        if row is None:
+            raise NotFound(f"study {study_id} not found")
+        return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+    def last_event_id(self, study_id: int) -> int:
+        """The id of the study's newest trial event (0 when it has none)."""
+        query = select(func.max(TrialEventRow.id)).where(TrialEventRow.study_id == study_id)
+        with self._session(write=False) as s:
+            return int(s.scalar(query) or 0)
+
+    def trials_changed(self, study_id: int, after_event: int) -> tuple[list[Trial], int]:
+        """Trials of a study with a state change after event ``after_event``, and the id of
+        the newest such event (``after_event`` when there is none): a reader that keeps the
+        history reads only what changed."""
+        with self._session(write=False) as s:
+            events = s.execute(
+                select(TrialEventRow.id, TrialEventRow.trial_id).where(
+                    TrialEventRow.study_id == study_id, TrialEventRow.id > after_event
+                )
+            ).all()
+            if not events:
+                return [], after_event
+            ids = sorted({tid for _, tid in events})
+            rows = s.scalars(select(TrialRow).where(TrialRow.id.in_(ids)).order_by(TrialRow.number))
+            return [_trial(r) for r in rows], max(eid for eid, _ in events)
+
     def list_studies(
         self,
         state: StudyState | str | None = None,
@@ -350,6 +386,7 @@ class Store:
                 for p, pred in zip(params, preds, strict=True)
             ]
             self._insert(s, study.id, rows, now)
+            _count(s, study.id, proposed=len(rows), waiting=len(rows))
             return [_trial(r) for r in rows]
 
     def add_finished_trials(
@@ -386,6 +423,13 @@ class Store:
                 for p, st, m in prepared
             ]
             self._insert(s, study.id, rows, now)
+            if source != "imported":  # imported past runs cost nothing now
+                _count(
+                    s,
+                    study.id,
+                    proposed=len(rows),
+                    gpu_hours=sum(_gpu_hours(r.metrics) for r in rows),
+                )
             return [_trial(r) for r in rows]
 
     def _insert(self, s: Session, study_id: int, rows: list[TrialRow], now: datetime) -> None:
@@ -418,6 +462,7 @@ class Store:
             created_at=now,
         )
         self._insert(s, study.id, [row], now)
+        _count(s, study.id, waiting=1)
         return row
 
     # -- leases -----------------------------------------------------------------------------
@@ -489,6 +534,8 @@ class Store:
                     worker_id,
                     {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
                 )
+            if fresh:
+                _count(s, study_id, waiting=-len(fresh), running=len(fresh))
             s.flush()
             return [_trial(r) for r in own + fresh]
 
@@ -565,6 +612,8 @@ class Store:
             row.finished_at = now
             row.lease_deadline = None
             retry_row = self._retry(s, row, now) if new == TrialState.FAILED else None
+            hours = _gpu_hours(metrics_json) if row.source != "imported" else 0.0
+            _count(s, row.study_id, running=-1, gpu_hours=hours)
             detail: dict[str, Any] = {}
             if error is not None:
                 detail["error"] = error[:1000]
@@ -589,6 +638,7 @@ class Store:
             _event(
                 s, row, TrialState.RUNNING, TrialState.WAITING, now, worker, {"reason": "released"}
             )
+            _count(s, row.study_id, waiting=1, running=-1)
             s.flush()
             return _trial(row)
 
@@ -621,6 +671,7 @@ class Store:
                 row.lease_token = None
                 row.lease_deadline = None
                 retry = self._retry(s, row, now)
+                _count(s, row.study_id, running=-1)
                 detail: dict[str, Any] = {
                     "reason": LEASE_EXPIRED,
                     "lease_deadline": None if deadline is None else deadline.isoformat(),
@@ -961,6 +1012,7 @@ def _event(
     s.add(
         TrialEventRow(
             trial_id=row.id,
+            study_id=row.study_id,
             from_state=None if from_state is None else str(from_state),
             to_state=str(to_state),
             at=at,
@@ -968,6 +1020,38 @@ def _event(
             detail=detail,
         )
     )
+
+
+def _count(
+    s: Session,
+    study_id: int,
+    *,
+    proposed: int = 0,
+    waiting: int = 0,
+    running: int = 0,
+    gpu_hours: float = 0.0,
+) -> None:
+    """Move the study's counts in the transaction that changes its trials."""
+    c = StudyRow
+    values: dict[str, Any] = {}
+    for name, delta in (("n_proposed", proposed), ("n_waiting", waiting), ("n_running", running)):
+        if delta:
+            values[name] = getattr(c, name) + delta
+    if gpu_hours:
+        values["gpu_hours"] = c.gpu_hours + gpu_hours
+    if values:
+        s.execute(
+            update(c).where(c.id == study_id).values(**values),
+            execution_options={"synchronize_session": False},
+        )
+
+
+def _gpu_hours(metrics: dict[str, Any] | None) -> float:
+    """The GPU-hours a report says it used (0 when it says nothing usable)."""
+    v = (metrics or {}).get("gpu_hours")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        return 0.0
+    return float(v)
 
 
 def _int32(value: int) -> int:

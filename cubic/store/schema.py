@@ -69,6 +69,11 @@ def _migrate(url_or_engine: str | URL | Engine | None, fn: str, revision: str) -
     try:
         with engine.connect() as conn:
             conn = conn.execution_options(**{WRITE_OPTION: True})
+            sqlite = engine.dialect.name == "sqlite"
+            if sqlite:
+                # SQLite alters a table by copying it and dropping the old one: with foreign
+                # keys on, that drop would cascade to every trial of every study.
+                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys = OFF")
             with conn.begin():
                 if is_postgresql(engine):
                     conn.execute(
@@ -78,6 +83,8 @@ def _migrate(url_or_engine: str | URL | Engine | None, fn: str, revision: str) -
                 cfg = alembic_config()
                 cfg.attributes["connection"] = conn
                 getattr(command, fn)(cfg, revision)
+            if sqlite:
+                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys = ON")
     except SQLAlchemyError as exc:
         raise StorageError(f"migration failed: {exc}") from exc
     finally:

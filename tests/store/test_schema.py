@@ -24,7 +24,7 @@ CUBIC_TABLES = {
 
 
 def test_head_revision_is_the_initial_migration() -> None:
-    assert head_revision() == "0002"
+    assert head_revision() == "0003"
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
     assert (MIGRATIONS_DIR / "env.py").is_file()
 
@@ -52,7 +52,7 @@ def test_upgrade_reaches_head_and_matches_models(db_url: str) -> None:
 def test_empty_database_is_refused(db_url: str) -> None:
     with pytest.raises(SchemaOutOfDate, match="run `cubic db upgrade`") as info:
         Store(db_url)
-    assert "cubic needs 0002" in str(info.value)
+    assert "cubic needs 0003" in str(info.value)
     assert info.value.status_code == 503
 
 
@@ -77,7 +77,7 @@ def test_unknown_revision_is_refused(db_url: str) -> None:
     try:
         with engine.begin() as conn:
             conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '0000'")
-        with pytest.raises(SchemaOutOfDate, match="schema is at 0000, cubic needs 0002"):
+        with pytest.raises(SchemaOutOfDate, match="schema is at 0000, cubic needs 0003"):
             Store(engine)
     finally:
         engine.dispose()
@@ -89,3 +89,24 @@ def test_sql_failures_are_wrapped(db_url: str) -> None:
             store.get_study(1)
         assert info.value.status_code == 503
         assert info.value.__cause__ is not None
+
+
+def test_upgrade_counts_the_trials_of_existing_studies(db_url: str) -> None:
+    """0003 adds the per-study counts: studies stored before it are counted from their trials."""
+    from tests.store.test_store_contract import kept, params, recounted
+
+    with Store.create(db_url) as store:
+        study = store.create_study("a", {}, "llm", max_attempts=2)
+        store.add_trials(study.id, [params(i) for i in range(5)])
+        a, b, _ = store.lease_trials(study.id, "w", 3, 60)
+        store.finish_trial(a.id, a.lease_token or "", "complete", metrics={"gpu_hours": 1.5})
+        store.finish_trial(b.id, b.lease_token or "", "failed")
+        store.add_finished_trials(study.id, [(params(9), "complete", {"gpu_hours": 4.0})])
+        expected = recounted(store, study.id)
+    downgrade(db_url, "0002")
+    upgrade(db_url)
+    with Store(db_url) as store:
+        assert kept(store, study.id) == pytest.approx(expected)
+        assert expected == (5, 3, 1, 1.5)
+        changed, _ = store.trials_changed(study.id, 0)
+        assert len(changed) == 7  # the old events belong to their study too (retry, import)

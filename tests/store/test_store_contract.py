@@ -518,6 +518,101 @@ class TestReaping:
             assert numbers == list(range(12))
 
 
+def recounted(store: Store, study_id: int) -> tuple[int, int, int, float]:
+    """The counts the store keeps, recomputed from the study's trials."""
+    trials = store.list_trials(study_id)
+    own = [t for t in trials if t.source != "imported"]
+    hours = sum(
+        float(v)
+        for t in own
+        for v in [(t.metrics or {}).get("gpu_hours")]
+        if isinstance(v, int | float) and v > 0
+    )
+    return (
+        sum(1 for t in own if t.attempt == 1),
+        sum(1 for t in trials if t.state is TrialState.WAITING),
+        sum(1 for t in trials if t.state is TrialState.RUNNING),
+        hours,
+    )
+
+
+def kept(store: Store, study_id: int) -> tuple[int, int, int, float]:
+    c = store.study_counts(study_id)
+    assert c.active == c.waiting + c.running
+    return (c.proposed, c.waiting, c.running, c.gpu_hours)
+
+
+class TestCounts:
+    """The counts a lease and a report decide with are kept with each state change."""
+
+    def test_every_transition_keeps_the_counts(self, store: Store) -> None:
+        import random
+
+        rnd = random.Random(0)
+        a = store.create_study("a", {}, "llm", max_attempts=2)
+        b = store.create_study("b", {}, "llm", max_attempts=3)
+        now = T0
+        for step in range(120):
+            sid = rnd.choice((a.id, b.id))
+            op = rnd.choice(("add", "lease", "finish", "fail", "release", "reap", "import"))
+            now += timedelta(seconds=7)
+            running = store.list_trials(sid, states=["running"])
+            if op == "add":
+                store.add_trials(sid, [params(step), params(step + 1)], source="strategy")
+            elif op == "lease":
+                store.lease_trials(sid, f"w{rnd.randrange(3)}", rnd.randrange(1, 4), 20, now=now)
+            elif op in ("finish", "fail") and running:
+                t = rnd.choice(running)
+                if op == "finish":
+                    metrics = {"tokens_per_s": 1.0, "gpu_hours": rnd.choice((0.5, 2, None))}
+                    store.finish_trial(t.id, t.lease_token or "", "complete", metrics=metrics)
+                else:
+                    store.finish_trial(t.id, t.lease_token or "", "failed", now=now)
+            elif op == "release" and running:
+                t = rnd.choice(running)
+                store.release_trial(t.id, t.lease_token or "")
+            elif op == "reap":
+                store.reap_expired(now=now)
+            elif op == "import":
+                store.add_finished_trials(sid, [(params(step), "complete", {"gpu_hours": 9.0})])
+            for study_id in (a.id, b.id):
+                assert kept(store, study_id) == pytest.approx(recounted(store, study_id)), op
+        assert kept(store, a.id)[0] > 0 and kept(store, b.id)[0] > 0
+
+    def test_concurrent_leases_and_reports_keep_the_counts(self, store: Store, db_url: str) -> None:
+        study = store.create_study("a", {}, "llm", max_attempts=2)
+        store.add_trials(study.id, [params(i) for i in range(60)])
+
+        def work(i: int) -> None:
+            with Store(db_url) as own:
+                while batch := own.lease_trials(study.id, f"w{i}", 2, 60):
+                    for k, trial in enumerate(batch):
+                        state = "failed" if (trial.id + k) % 5 == 0 else "complete"
+                        metrics = {"gpu_hours": 0.25} if state == "complete" else None
+                        own.finish_trial(trial.id, trial.lease_token or "", state, metrics=metrics)
+
+        in_threads(8, work)
+        assert kept(store, study.id) == pytest.approx(recounted(store, study.id))
+        assert kept(store, study.id)[1:3] == (0, 0)
+
+    def test_a_reader_gets_only_the_trials_that_changed(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        other = store.create_study("b", {}, "llm")
+        assert store.last_event_id(study.id) == 0
+        assert store.trials_changed(study.id, 0) == ([], 0)
+        first = store.add_trials(study.id, [params(i) for i in range(4)])
+        store.add_trials(other.id, [params(0)])
+        changed, mark = store.trials_changed(study.id, 0)
+        assert [t.id for t in changed] == [t.id for t in first]
+        assert mark == store.last_event_id(study.id)
+        (leased,) = store.lease_trials(study.id, "w", 1, 60)
+        store.lease_trials(other.id, "w", 1, 60)
+        changed, mark2 = store.trials_changed(study.id, mark)
+        assert [(t.id, t.state) for t in changed] == [(leased.id, TrialState.RUNNING)]
+        assert mark2 > mark
+        assert store.trials_changed(study.id, mark2) == ([], mark2)
+
+
 class TestEvents:
     def test_every_transition_is_recorded_in_order(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
