@@ -208,11 +208,17 @@ class CubicClient:
     def lease(
         self, study_id: int, worker_id: str, count: int = 1, lease_seconds: float = 300.0
     ) -> list[dict[str, Any]]:
+        return self.lease_batch(study_id, worker_id, count, lease_seconds)["trials"]
+
+    def lease_batch(
+        self, study_id: int, worker_id: str, count: int = 1, lease_seconds: float = 300.0
+    ) -> dict[str, Any]:
+        """The whole lease answer: ``trials``, ``study_state`` and ``retry_after_s`` (how
+        long to wait before asking again when fewer trials than asked were waiting)."""
         body = {"worker_id": worker_id, "count": count, "lease_seconds": lease_seconds}
-        resp = self._call(
+        return self._call(
             "POST", f"/v1/studies/{study_id}/trials:lease", idempotent=True, json=body
         )
-        return resp["trials"]
 
     def heartbeat(
         self, trial_id: int, lease_token: str, lease_seconds: float = 300.0

@@ -16,17 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from cubic.errors import Conflict, CubicError, InvalidInput
-from cubic.objectives import better, check_metrics, number, objective_values, violations
+from cubic.objectives import better, check_metrics, objective_values, violations
 from cubic.outcome import Outcome
 from cubic.space import SpaceError
 from cubic.store import Store
-from cubic.store.objects import Study, StudyState, Trial, TrialState
+from cubic.store.objects import Study, StudyCounts, StudyState, Trial, TrialState
 from cubic.strategies import Strategy, config_key, make_strategy
 from cubic.study import ResolvedStudy, StudySpec
 from cubic.workload import Workload
 
 DEFAULT_LEASE_S = 300.0
 MAX_CACHED_STRATEGIES = 32
+EVENT_LAG = 1000
+"""How far back (in event ids) a history refresh re-reads: a transaction may commit after a
+later one, so the newest event seen is not a safe place to start from."""
+FULL_REREAD_S = 300.0
+"""A kept history is read in full again at this interval, whatever the refreshes missed."""
+RETRY_AFTER_S = 0.25
+"""What a lease that found no waiting trial tells the worker to wait, at least."""
 
 STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
     StudyState.PAUSED: frozenset({StudyState.RUNNING}),
@@ -37,6 +44,25 @@ STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
 """For each state a study can be asked to take, the states it may come from (archived is
 final; only a paused study resumes)."""
 _IMPORT_STATES = ("complete", "infeasible", "failed")
+
+
+@dataclass(slots=True)
+class _History:
+    """A study's trials as this process last read them, in number order."""
+
+    trials: dict[int, Trial]
+    mark: int  # the newest event id read
+    read_at: float  # when it was last read in full (monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a lease hands a worker: its trials, the study's state, and, when it found no
+    waiting trial to hand out, how long to wait before asking again."""
+
+    trials: list[Trial]
+    study_state: StudyState
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +89,23 @@ class Best:
 class Tuner:
     """Study operations over one store. Safe to use from many threads and processes."""
 
-    def __init__(self, store: Store, *, background_fit: bool = False) -> None:
+    def __init__(
+        self, store: Store, *, background_fit: bool = False, background_propose: bool = False
+    ) -> None:
         """``background_fit``: a background thread (the service's) calls :meth:`prefit` as
         trials finish, so that a lease usually finds the study's model already fitted. Either
         way a strategy proposes with its own per-study model, fitted as in the benchmark: a
-        round that finds it stale fits it first rather than propose without it."""
+        round that finds it stale fits it first rather than propose without it.
+
+        ``background_propose``: a background thread calls :meth:`fill` (the service's), so
+        a lease only pops waiting trials and never runs a strategy; without it a lease that
+        finds none proposes them itself."""
         self.store = store
         self.background_fit = background_fit
+        self.background_propose = background_propose
+        self.wake = threading.Event()  # set when a study may need proposals
+        self._histories: dict[int, _History] = {}
+        self._history_guard = threading.Lock()
         self._resolved: dict[int, ResolvedStudy] = {}
         self._strategies: dict[int, Strategy] = {}
         self._priors: dict[tuple[str, int], tuple[float, list[tuple[Workload, Trial]]]] = {}
@@ -122,6 +158,8 @@ class Tuner:
         self._resolved[study.id] = resolved
         if self.background_fit:  # the background thread prepares its first rounds
             self._strategy(study.id)
+        if self.background_propose:  # its first batch is ready before the first lease
+            self.fill(study.id, wait=True)
         return study
 
     def resolved(self, study_id: int) -> ResolvedStudy:
@@ -203,38 +241,103 @@ class Tuner:
     def ask(
         self, study_id: int, worker_id: str, n: int = 1, lease_seconds: float = DEFAULT_LEASE_S
     ) -> list[Trial]:
-        """Lease up to ``n`` trials to ``worker_id``, proposing new ones when none wait.
+        """Lease up to ``n`` trials to ``worker_id`` (see :meth:`lease`)."""
+        return self.lease(study_id, worker_id, n, lease_seconds).trials
+
+    def lease(
+        self, study_id: int, worker_id: str, n: int = 1, lease_seconds: float = DEFAULT_LEASE_S
+    ) -> Lease:
+        """Lease up to ``n`` waiting trials to ``worker_id``.
 
         Idempotent per worker: a worker that asks again gets its own running trials back
-        first. Proposal for one study is serialised (``study_lock``) so that two API
-        processes never propose on the same history at once.
+        first. The work is a few rows whatever the study's size. With a background proposer
+        a lease never proposes: one that comes back short wakes the proposer and says how
+        long to wait; without one, it proposes (serialised per study by ``study_lock``, so
+        that two processes never propose on the same history at once) and leases again.
         """
         if n < 1:
             raise InvalidInput("count must be at least 1", field="count")
-        study = self.store.get_study(study_id)
-        if study.state != StudyState.RUNNING:
-            return [
-                t
-                for t in self.store.list_trials(study_id, states=[TrialState.RUNNING])
-                if t.worker_id == worker_id
-            ]
+        state = self.store.study_counts(study_id).state
+        if state != StudyState.RUNNING:
+            own = self.store.list_trials(study_id, states=[TrialState.RUNNING])
+            return Lease([t for t in own if t.worker_id == worker_id], state)
         leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
         if len(leased) >= n:
-            return leased
-        with self._proposing(study_id):
-            history = self.store.list_trials(study_id)
-            k = self._room(study_id, history, n - len(leased))
-            if k > 0:
-                proposals = self._strategy(study_id).suggest(history, k)
-                if proposals:
-                    self.store.add_trials(
-                        study_id,
-                        [p.params for p in proposals],
-                        source="strategy",
-                        predicted=[p.predicted for p in proposals],
-                    )
-            leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
-        return leased
+            return Lease(leased, state)
+        if self.background_propose:
+            self.wake.set()
+            return Lease(leased, state, retry_after_s=RETRY_AFTER_S)
+        self.fill(study_id, wait=True, want=n - len(leased))
+        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
+        return Lease(leased, self.store.study_counts(study_id).state)
+
+    def fill(self, study_id: int, *, wait: bool = False, want: int | None = None) -> int:
+        """Propose the study's next batch if it has room; returns how many were added.
+
+        ``wait=False`` (a background proposer): skip the study if another thread or process
+        holds its proposal lock. ``want``: propose only if fewer than that many wait.
+        """
+        with self.store.try_study_lock(study_id, wait=wait) as held:
+            if not held:
+                return 0
+            counts = self.store.study_counts(study_id)
+            if counts.state != StudyState.RUNNING:
+                return 0
+            k = self._room(study_id, counts, want)
+            if k <= 0:
+                return 0
+            history = self._history(study_id)
+            proposals = self._strategy(study_id).suggest(history, k)
+            if not proposals:
+                return 0
+            added = self.store.add_trials(
+                study_id,
+                [p.params for p in proposals],
+                source="strategy",
+                predicted=[p.predicted for p in proposals],
+            )
+            self._remember(study_id, added)
+            return len(added)
+
+    def to_fill(self) -> list[int]:
+        """Running studies with room for proposals now (one query)."""
+        out = []
+        for sid, counts in self.store.running_studies().items():
+            try:
+                if self._room(sid, counts) > 0:
+                    out.append(sid)
+            except CubicError:
+                continue  # a study whose spec no longer loads: its leases will say why
+        return out
+
+    def _history(self, study_id: int) -> list[Trial]:
+        """The study's trials in number order: read in full once, then only what changed."""
+        with self._history_guard:
+            h = self._histories.get(study_id)
+            now = time.monotonic()
+            if h is None or now - h.read_at > FULL_REREAD_S:
+                mark = self.store.last_event_id(study_id)  # before the read: nothing is lost
+                trials = self.store.list_trials(study_id)
+                h = _History({t.id: t for t in trials}, mark, now)
+                self._histories[study_id] = h
+            else:
+                changed, mark = self.store.trials_changed(study_id, max(0, h.mark - EVENT_LAG))
+                last = next(reversed(h.trials)) if h.trials else 0
+                late = False  # a trial older than the newest kept (another process's)
+                for t in changed:
+                    late |= t.id not in h.trials and t.id < last
+                    h.trials[t.id] = t
+                h.mark = max(h.mark, mark)
+                if late:
+                    h.trials = dict(sorted(h.trials.items(), key=lambda kv: kv[1].number))
+            return list(h.trials.values())
+
+    def _remember(self, study_id: int, added: list[Trial]) -> None:
+        with self._history_guard:
+            h = self._histories.get(study_id)
+            if h is not None:
+                for t in added:
+                    h.trials.setdefault(t.id, t)
 
     def _strategy(self, study_id: int) -> Strategy:
         """The study's strategy, kept per process so that its caches (candidate pool, fitted
@@ -243,7 +346,10 @@ class Tuner:
         strategy = self._strategies.pop(study_id, None) or make_strategy(self.resolved(study_id))
         self._strategies[study_id] = strategy  # most recently used last
         while len(self._strategies) > MAX_CACHED_STRATEGIES:  # bound the candidate pools kept
-            del self._strategies[next(iter(self._strategies))]
+            gone = next(iter(self._strategies))
+            del self._strategies[gone]
+            with self._history_guard:
+                self._histories.pop(gone, None)
         if getattr(strategy, "accepts_prior", False):
             kind = self.resolved(study_id).workload.kind
             strategy.set_prior(self._prior(kind, study_id))
@@ -262,7 +368,7 @@ class Tuner:
                     continue
                 kind = self.resolved(sid).workload.kind
                 strategy.set_prior(self._prior(kind, sid))
-                if strategy.prefit(self.store.list_trials(sid)):
+                if strategy.prefit(self._history(sid)):
                     fitted.append(sid)
             except CubicError:
                 continue  # a study gone or unreadable: the next lease will say why
@@ -285,25 +391,17 @@ class Tuner:
         self._priors[key] = (time.monotonic(), out)
         return out
 
-    def _room(self, study_id: int, history: list[Trial], want: int) -> int:
-        """How many trials to propose now: none while ``want`` are waiting, else all the
-        room the budget leaves (retries do not count as new)."""
-        spec = self.resolved(study_id).spec
-        b = spec.budget
-        # Imported past runs inform the search but cost nothing now: they use no budget.
-        spent = [t for t in history if t.source != "imported"]
-        proposed = sum(1 for t in spent if t.attempt == 1)
-        active = sum(1 for t in history if t.state in (TrialState.WAITING, TrialState.RUNNING))
-        if b.max_gpu_hours is not None:
-            used = sum(number((t.metrics or {}).get("gpu_hours")) or 0.0 for t in spent)
-            if used >= b.max_gpu_hours:
-                return 0
-        waiting = sum(1 for t in history if t.state == TrialState.WAITING)
-        if want - waiting <= 0:
+    def _room(self, study_id: int, counts: StudyCounts, want: int | None = None) -> int:
+        """How many trials to propose now: all the room the budget and the parallel limit
+        leave (retries and imports do not count as new), or none while ``want`` wait."""
+        b = self.resolved(study_id).spec.budget
+        if b.max_gpu_hours is not None and counts.gpu_hours >= b.max_gpu_hours:
+            return 0
+        if want is not None and want - counts.waiting <= 0:
             return 0
         # Propose for all the parallel room at once, as one diverse batch: the workers that
-        # lease next find waiting trials instead of queueing on the study's proposal lock.
-        return max(0, min(b.max_trials - proposed, b.max_parallel - active))
+        # lease next find waiting trials.
+        return max(0, min(b.max_trials - counts.proposed, b.max_parallel - counts.active))
 
     def heartbeat(
         self, trial_id: int, lease_token: str, lease_seconds: float = DEFAULT_LEASE_S
@@ -339,6 +437,7 @@ class Tuner:
             log_tail=outcome.log_tail,
         )
         self._maybe_complete(trial.study_id)
+        self.wake.set()  # a slot is free: the proposer refills it
         return trial
 
     def release(self, trial_id: int, lease_token: str) -> Trial:
@@ -349,16 +448,15 @@ class Tuner:
         reaped = self.store.reap_expired()
         for sid in {t.study_id for t in reaped}:
             self._maybe_complete(sid)
+        if reaped:
+            self.wake.set()
         return reaped
 
     def _maybe_complete(self, study_id: int) -> None:
-        study = self.store.get_study(study_id)
-        if study.state != StudyState.RUNNING:
+        counts = self.store.study_counts(study_id)
+        if counts.state != StudyState.RUNNING or counts.active:
             return
-        history = self.store.list_trials(study_id)
-        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in history):
-            return
-        if self._room(study_id, history, 1) == 0:
+        if self._room(study_id, counts) == 0:
             with contextlib.suppress(Conflict):  # another process finished it first
                 self.store.set_study_state(study_id, StudyState.COMPLETED)
 

@@ -89,6 +89,8 @@ class Worker:
         self.reported = 0
         self._job_spec: dict[str, Any] = {}
         self._objectives: tuple[str, ...] = ()
+        self._study_state: str | None = None  # as the last lease answered
+        self._next_lease = 0.0  # monotonic time before which asking again is pointless
 
     def stop(self) -> None:
         """Ask the loop to wind down (what SIGTERM does)."""
@@ -133,10 +135,11 @@ class Worker:
                 finished = self._collect()
                 self._give_up_if_gone()
                 if not self._active and not leased and not finished:
-                    state = self.client.get_study(self.study_id)["state"]
+                    state = self._study_state or self.client.get_study(self.study_id)["state"]
                     if state in FINAL_STUDY_STATES:
                         break
-                    self.stopping.wait(self.idle_s)
+                    wait = max(self._next_lease - time.monotonic(), 0.0) or self.idle_s
+                    self.stopping.wait(min(wait, self.idle_s))
                 elif not finished:
                     self.stopping.wait(self.poll_s)
         except StorageError:
@@ -161,12 +164,18 @@ class Worker:
         room = self.parallel - len(self._active)
         if max_trials is not None:
             room = min(room, max_trials - self.reported - len(self._active))
-        if room <= 0:
+        self._study_state = None
+        if room <= 0 or time.monotonic() < self._next_lease:
             return 0
-        new = 0
-        for t in self.client.lease(
+        answer = self.client.lease_batch(
             self.study_id, self.worker_id, len(self._active) + room, self.lease_seconds
-        ):
+        )
+        self._study_state = answer.get("study_state")
+        hint = answer.get("retry_after_s")
+        # Fewer than asked were waiting: the service is proposing the next ones.
+        self._next_lease = time.monotonic() + float(hint) if hint else 0.0
+        new = 0
+        for t in answer["trials"]:
             if t["id"] in self._active:
                 continue  # our own running trial, handed back by the idempotent lease
             job = TrialJob(

@@ -4,7 +4,9 @@
 (``CUBIC_*``, see :mod:`service.settings`); ``cubic serve`` passes its settings. Start-up
 refuses a database whose schema is missing or old (run ``cubic db upgrade``), and a
 background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds, and a
-background thread refits the proxy models (``CUBIC_RETRAIN_EVERY`` new trials).
+background thread refits the proxy models (``CUBIC_RETRAIN_EVERY`` new trials), and another
+proposes each running study's next trials ahead of demand, so that a lease only hands out
+waiting ones.
 
 Any number of API processes may share one PostgreSQL database: leasing takes row locks
 (``FOR UPDATE SKIP LOCKED``), proposals for a study are serialised by an advisory lock, and
@@ -27,19 +29,21 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
 from cubic.config import Settings
-from cubic.errors import StorageError
+from cubic.errors import CubicError, StorageError
 from cubic.store import Store
 from cubic.store.engine import make_engine
 from cubic.tuner import Tuner
 from service import errors
 from service.limits import BodyLimit
-from service.metrics import REAPED, observe_proxy_fit
+from service.metrics import REAPED, observe_proposal, observe_proxy_fit
 from service.routes import health, studies, tokens, trials
 from service.settings import ServiceSettings
 
 log = logging.getLogger("cubic.service")
 PREFIT_INTERVAL_S = 0.5
 """How often the background thread looks for studies whose model is stale."""
+PROPOSE_INTERVAL_S = 0.25
+"""How often the proposer looks for studies with room, when nothing woke it."""
 
 DESCRIPTION = """\
 cubic proposes configurations of a distributed training job, workers run them and report
@@ -127,6 +131,44 @@ def retrain_forever(
         stop.wait(min(interval_s, PREFIT_INTERVAL_S))
 
 
+def propose_forever(tuner: Tuner, stop: threading.Event, interval_s: float) -> None:
+    """Keep each running study's queue of waiting trials filled, off the request path (a
+    thread): woken when a study is created, a trial finishes or a lease came back short,
+    and every ``interval_s`` in any case (another API process may have freed a slot).
+
+    Several API processes may run one each: a study whose proposal lock another holds is
+    skipped, so a study is filled by one process at a time and no lease waits for it.
+    """
+    while not stop.is_set():
+        tuner.wake.wait(interval_s)
+        tuner.wake.clear()
+        try:
+            studies = tuner.to_fill()
+        except StorageError as exc:
+            log.warning("looking for studies to propose for failed: %s", exc)
+            stop.wait(interval_s)
+            continue
+        except Exception:
+            log.exception("looking for studies to propose for failed")
+            stop.wait(interval_s)
+            continue
+        for sid in studies:
+            if stop.is_set():
+                return
+            t0 = time.perf_counter()
+            try:
+                added = tuner.fill(sid)
+            except CubicError as exc:
+                log.warning("study %d: proposing failed: %s", sid, exc)
+                continue
+            except Exception:
+                log.exception("study %d: proposing failed", sid)
+                continue
+            if added:
+                observe_proposal(time.perf_counter() - t0)
+                log.debug("study %d: %d trial(s) proposed", sid, added)
+
+
 def _log_to_stderr(level: str) -> None:
     """Show the service's own log lines (uvicorn configures only its own loggers)."""
     cubic_log = logging.getLogger("cubic")
@@ -146,7 +188,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(open_store, config)
-        tuner = Tuner(store, background_fit=True)
+        tuner = Tuner(store, background_fit=True, background_propose=True)
         app.state.settings = config
         app.state.store = store
         app.state.tuner = tuner
@@ -161,14 +203,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             args=(store, stop, config.retrain_every, config.retrain_interval_s, tuner),
         )
         retrainer.start()
+        proposer = threading.Thread(
+            target=propose_forever,
+            name="cubic-proposer",
+            daemon=True,
+            args=(tuner, stop, PROPOSE_INTERVAL_S),
+        )
+        proposer.start()
         try:
             yield
         finally:
             stop.set()
+            tuner.wake.set()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper  # a reap in progress finishes first (threads are not killed)
             await anyio.to_thread.run_sync(retrainer.join, 60.0)
+            await anyio.to_thread.run_sync(proposer.join, 60.0)
             await anyio.to_thread.run_sync(store.engine.dispose)
 
     app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

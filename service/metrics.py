@@ -126,7 +126,12 @@ def gauge(name: str, help_text: str, samples: Iterable[tuple[Labels, float]]) ->
 
 
 LEASE_LATENCY = Histogram(
-    "cubic_lease_latency_seconds", "Time to answer a lease request, proposals included."
+    "cubic_lease_latency_seconds", "Time to answer a lease request (it never proposes)."
+)
+PROPOSAL = Histogram(
+    "cubic_proposal_seconds",
+    "Time the background proposer took for one study's round (fit included).",
+    FIT_BUCKETS,
 )
 REPORT_LATENCY = Histogram(
     "cubic_report_latency_seconds", "Time to record a trial's reported outcome."
@@ -138,10 +143,16 @@ REAPED = Counter(
 
 PROCESS_METRICS: tuple[Histogram | Counter, ...] = (
     LEASE_LATENCY,
+    PROPOSAL,
     REPORT_LATENCY,
     PROXY_FIT,
     REAPED,
 )
+
+
+def observe_proposal(seconds: float) -> None:
+    """Record one background proposal round."""
+    PROPOSAL.observe(seconds)
 
 
 def observe_proxy_fit(seconds: float) -> None:

@@ -278,6 +278,11 @@ class LeaseOut(BaseModel):
     study_state: StudyState = Field(
         description="an empty lease from a running study means: all trials are out, ask again later"
     )
+    retry_after_s: float | None = Field(
+        None,
+        description="set when fewer trials than asked were waiting: the next ones are being "
+        "proposed; ask again after this many seconds",
+    )
 
 
 class LeaseRequest(_In):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, case, func, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -292,6 +292,19 @@ class Store:
             raise NotFound(f"study {study_id} not found")
         return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
+    def running_studies(self) -> dict[int, StudyCounts]:
+        """The counts of every running study (a background proposer's one query a tick)."""
+        c = StudyRow
+        query = select(c.id, c.state, c.n_proposed, c.n_waiting, c.n_running, c.gpu_hours).where(
+            c.state == StudyState.RUNNING.value
+        )
+        with self._session(write=False) as s:
+            rows = s.execute(query).all()
+        return {
+            int(r[0]): StudyCounts(StudyState(r[1]), int(r[2]), int(r[3]), int(r[4]), r[5])
+            for r in rows
+        }
+
     def last_event_id(self, study_id: int) -> int:
         """The id of the study's newest trial event (0 when it has none)."""
         query = select(func.max(TrialEventRow.id)).where(TrialEventRow.study_id == study_id)
@@ -479,7 +492,8 @@ class Store:
 
         Idempotent per worker: the worker's own running trials in the study come first
         (their deadlines extended, all of them even if more than ``n``), then waiting trials
-        in number order fill the rest. New trials are leased only while the study is
+        fill the rest: queued configs, the baseline and retries first, then the strategy's
+        proposals, each in number order. New trials are leased only while the study is
         running; a paused or stopped study still hands a worker back what it holds.
         """
         if not isinstance(worker_id, str) or not worker_id:
@@ -489,7 +503,9 @@ class Store:
         now = _check_now(now)
         deadline = now + _lease_delta(lease_seconds)
         with self._session(write=True) as s:
-            study = _get_study(s, study_id)
+            state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
+            if state is None:
+                raise NotFound(f"study {study_id} not found")
             own = list(
                 s.scalars(
                     select(TrialRow)
@@ -506,7 +522,7 @@ class Store:
                 row.lease_deadline = deadline
             fresh: list[TrialRow] = []
             wanted = n - len(own)
-            if wanted > 0 and study.state == StudyState.RUNNING:
+            if wanted > 0 and state == StudyState.RUNNING:
                 fresh = list(
                     s.scalars(
                         select(TrialRow)
@@ -514,7 +530,11 @@ class Store:
                             TrialRow.study_id == study_id,
                             TrialRow.state == TrialState.WAITING.value,
                         )
-                        .order_by(TrialRow.number)
+                        # What a user queued, the baseline and retries go before the
+                        # strategy's proposals, which may have been made ahead of them.
+                        .order_by(
+                            case((TrialRow.source == "strategy", 1), else_=0), TrialRow.number
+                        )
                         .limit(wanted)
                         .with_for_update(skip_locked=True)
                     )
@@ -848,10 +868,24 @@ class Store:
         lock shared by the threads of this process; other processes are serialised only per
         write by the file lock. Not re-entrant.
         """
-        self.get_study(study_id)
+        with self.try_study_lock(study_id, wait=True) as held:
+            assert held
+            yield
+
+    @contextmanager
+    def try_study_lock(self, study_id: int, *, wait: bool = False) -> Iterator[bool]:
+        """The study's proposal lock (see :meth:`study_lock`) if it is free now; yields
+        whether it is held. A background proposer skips a study another process fills."""
+        self.study_counts(study_id)  # NotFound for a missing study
         if not self._pg:
-            with _local_lock(self._engine, study_id):
-                yield
+            lock = _local_lock(self._engine, study_id)
+            if not lock.acquire(blocking=wait):
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                lock.release()
             return
         args = {"ns": _PG_STUDY_LOCK_NS, "key": study_id}
         try:
@@ -860,12 +894,21 @@ class Store:
             raise StorageError(_describe(exc)) from exc
         try:
             try:
-                conn.execute(text("SELECT pg_advisory_lock(:ns, :key)"), args)
+                if wait:
+                    conn.execute(text("SELECT pg_advisory_lock(:ns, :key)"), args)
+                    held = True
+                else:
+                    held = bool(
+                        conn.execute(text("SELECT pg_try_advisory_lock(:ns, :key)"), args).scalar()
+                    )
                 conn.commit()
             except SQLAlchemyError as exc:
                 raise StorageError(_describe(exc)) from exc
+            if not held:
+                yield False
+                return
             try:
-                yield
+                yield True
             finally:
                 try:
                     conn.execute(text("SELECT pg_advisory_unlock(:ns, :key)"), args)

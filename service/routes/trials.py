@@ -76,7 +76,7 @@ def get_trial(trial_id: TrialId, caller: AnyRole, store: StoreDep) -> TrialOut:
 def lease(
     study_id: StudyId, req: LeaseRequest, caller: WorkerRole, tuner: TunerDep, settings: SettingsDep
 ) -> LeaseOut:
-    """Lease up to ``count`` trials, proposing new ones when none wait.
+    """Lease up to ``count`` waiting trials; proposing runs in the background, never here.
 
     Idempotent per worker: asking again returns the trials the worker already holds (their
     leases extended) before any new one, so a restarted worker loses nothing.
@@ -85,9 +85,12 @@ def lease(
     caller.check_worker(tuner.store, req.worker_id)
     seconds = req.lease_seconds or settings.default_lease_s
     with LEASE_LATENCY.time():
-        trials = tuner.ask(study_id, req.worker_id, req.count, seconds)
-    state = tuner.store.get_study(study_id).state
-    return LeaseOut(trials=[TrialLeaseOut.from_trial(t) for t in trials], study_state=state)
+        got = tuner.lease(study_id, req.worker_id, req.count, seconds)
+    return LeaseOut(
+        trials=[TrialLeaseOut.from_trial(t) for t in got.trials],
+        study_state=got.study_state,
+        retry_after_s=got.retry_after_s,
+    )
 
 
 @router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)

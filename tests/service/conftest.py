@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,15 +109,41 @@ def simulate(study: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+LEASE_WAIT_S = 120.0
+"""How long a test waits for the background proposer to hand out trials (generous)."""
+
+
+def lease_answer(
+    client: Any,
+    sid: int,
+    worker: str = "w",
+    count: int = 1,
+    headers: dict[str, str] | None = None,
+    **body: Any,
+) -> dict[str, Any]:
+    """A lease answer with trials in it, as a worker would get by honouring
+    ``retry_after_s``; an empty one only once the study hands out nothing more."""
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        resp = client.post(
+            f"/v1/studies/{sid}/trials:lease",
+            json={"worker_id": worker, "count": count, **body},
+            headers=headers,
+        )
+        assert resp.status_code == 200, resp.text
+        answer = resp.json()
+        hint = answer.get("retry_after_s")
+        if answer["trials"] or not hint or answer["study_state"] != "running":
+            return answer
+        assert time.monotonic() < deadline, "no trial was proposed in time"
+        time.sleep(hint)
+
+
 def run_study(client: Any, study: dict[str, Any], worker: str = "w", count: int = 2) -> int:
     """Lease, simulate and report until the study hands out nothing more; trials run."""
     n = 0
     while True:
-        resp = client.post(
-            f"/v1/studies/{study['id']}/trials:lease", json={"worker_id": worker, "count": count}
-        )
-        assert resp.status_code == 200, resp.text
-        leased = resp.json()["trials"]
+        leased = lease_answer(client, study["id"], worker, count)["trials"]
         if not leased:
             return n
         for t in leased:

@@ -21,9 +21,10 @@ def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None
 
     got = client.get(resp.headers["location"]).json()
     assert got["id"] == study["id"]
+    # Its first batch (the parallel room) was proposed when it was created.
     assert got["progress"] == {
         "counts": {
-            "waiting": 0,
+            "waiting": 4,
             "running": 0,
             "complete": 0,
             "infeasible": 0,
@@ -43,8 +44,9 @@ def test_create_from_yaml(client: TestClient, media: str) -> None:
     study = resp.json()
     assert study["name"] == "yaml-study"
     # The baseline is queued as the first trial.
-    (first,) = client.get(f"/v1/studies/{study['id']}/trials").json()["items"]
+    first, *proposed = client.get(f"/v1/studies/{study['id']}/trials").json()["items"]
     assert first["source"] == "baseline" and first["params"]["tp"] == 2
+    assert [t["source"] for t in proposed] == ["strategy"] * 3  # the rest of the first batch
 
 
 def test_invalid_specs_are_422_naming_the_field(client: TestClient) -> None:
@@ -171,7 +173,7 @@ def test_pause_resume_stop_archive(client: TestClient) -> None:
     assert act("pause").json()["state"] == "paused"
     assert act("pause").json()["state"] == "paused"  # repeating is harmless
     lease = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()
-    assert lease == {"trials": [], "study_state": "paused"}
+    assert lease == {"trials": [], "study_state": "paused", "retry_after_s": None}
 
     assert act("resume").json()["state"] == "running"
     assert (
@@ -217,7 +219,7 @@ def test_a_study_runs_to_completion_and_reports_its_best(client: TestClient) -> 
     assert best["speedup"] >= 1.0
     # Every trial finished: a worker asking again is told to stop.
     lease = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()
-    assert lease == {"trials": [], "study_state": "completed"}
+    assert lease == {"trials": [], "study_state": "completed", "retry_after_s": None}
 
 
 def test_a_space_where_nothing_fits_is_refused_and_nothing_is_stored(client: TestClient) -> None:

@@ -9,17 +9,13 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import BASELINE, assert_error, create, simulate
+from tests.service.conftest import BASELINE, assert_error, create, lease_answer, simulate
 
 
 def lease(
     client: TestClient, sid: int, worker: str = "w", count: int = 1, **kw: Any
 ) -> list[dict[str, Any]]:
-    resp = client.post(
-        f"/v1/studies/{sid}/trials:lease", json={"worker_id": worker, "count": count, **kw}
-    )
-    assert resp.status_code == 200, resp.text
-    return resp.json()["trials"]
+    return lease_answer(client, sid, worker, count, **kw)["trials"]
 
 
 def report(client: TestClient, trial: dict[str, Any], **body: Any) -> Any:
@@ -248,7 +244,8 @@ def test_enqueue_runs_given_configs_first(client: TestClient) -> None:
     missing = {k: v for k, v in BASELINE.items() if k != "recompute"}
     assert_error(client.post(url, json={"configs": [missing]}), 422, "InvalidInput", "configs.0")
     assert_error(client.post(url, json={"configs": []}), 422, "RequestValidationError", "configs")
-    assert client.get(f"/v1/studies/{sid}/trials").json()["total"] == 1
+    items = client.get(f"/v1/studies/{sid}/trials").json()["items"]
+    assert [t["id"] for t in items if t["source"] == "enqueued"] == [queued["id"]]
     client.post(f"/v1/studies/{sid}:archive")
     assert_error(client.post(url, json={"configs": [BASELINE]}), 409, "Conflict")
 
