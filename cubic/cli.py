@@ -776,7 +776,8 @@ def bench_service_cmd(
     pg: Annotated[
         str | None,
         typer.Option(
-            envvar="CUBIC_BENCH_DATABASE_URL", help="PostgreSQL URL (a fresh schema is used)"
+            envvar="CUBIC_BENCH_DATABASE_URL",
+            help="PostgreSQL URL (a fresh schema is used); default: a cluster of its own",
         ),
     ] = None,
     trials: Annotated[int, typer.Option(min=1)] = 500,
@@ -784,16 +785,20 @@ def bench_service_cmd(
     api_workers: Annotated[int, typer.Option(min=1, help="uvicorn processes")] = 4,
     strategy: str = "random",
     reference: Annotated[bool, typer.Option(help="also run Optuna RDBStorage")] = True,
+    window: Annotated[
+        int | None, typer.Option(min=1, help="also report latency per this many trials")
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
 ) -> None:
-    """Lease/report latency and trials/s of many workers against several API processes."""
-    import os
-
+    """Lease/report latency and trials/s of many workers against several API processes,
+    beside Optuna's RDBStorage with the same clients and sampler."""
+    from cubic.bench.pgcluster import can_run_postgres
     from cubic.bench.service import bench_service
 
-    pg = pg or os.environ.get("CUBIC_TEST_DATABASE_URL") or os.environ.get("CUBIC_DATABASE_URL")
-    if not pg or not pg.startswith("postgresql"):
-        raise CubicError("cubic bench service needs PostgreSQL: pass --pg postgresql+psycopg://...")
+    if pg is not None and not pg.startswith("postgresql"):
+        raise CubicError("--pg must be a PostgreSQL URL (postgresql+psycopg://...)")
+    if pg is None and (why := can_run_postgres()):
+        raise CubicError(f"cannot start a PostgreSQL cluster here ({why}): pass --pg URL")
     res = bench_service(
         pg,
         trials=trials,
@@ -801,38 +806,60 @@ def bench_service_cmd(
         api_workers=api_workers,
         strategy=strategy,
         reference=reference,
+        window=window,
     )
+    st = res["settings"]
     table = Table(
         "system",
+        "clients",
         "trials",
         "trials/s",
-        "lease p50 ms",
-        "lease p99 ms",
-        "report p50 ms",
-        "report p99 ms",
-        title=f"{workers} workers, {trials} trials, PostgreSQL",
+        "lease p50 / p95 / p99 ms",
+        "report p50 / p95 / p99 ms",
+        "load avg",
+        title=f"{trials} trials, strategy {strategy}, PostgreSQL ({st['database']}, "
+        f"max_connections {st['max_connections']})",
     )
     for key in ("cubic", "optuna"):
         if key in res:
             r = res[key]
             table.add_row(
                 r["system"],
+                str(r["clients"]),
                 str(r["trials"]),
-                f"{r['trials_per_s']:.1f}",
-                f"{r['lease_p50_ms']:.1f}",
-                f"{r['lease_p99_ms']:.1f}",
-                f"{r['report_p50_ms']:.1f}",
-                f"{r['report_p99_ms']:.1f}",
+                f"{r['trials_per_s']:.2f}",
+                " / ".join(f"{r[f'lease_p{q}_ms']:.1f}" for q in (50, 95, 99)),
+                " / ".join(f"{r[f'report_p{q}_ms']:.1f}" for q in (50, 95, 99)),
+                f"{r['load_avg_1m']:.1f}",
             )
     console.print(table)
+    if st.get("optuna_sampler"):
+        console.print(
+            f"Optuna: {st['optuna_sampler']} for strategy {strategy}; ask and tell latency in "
+            "place of lease and report; both with the same number of clients"
+        )
+    if "windows" in res.get("cubic", {}):
+        wt = Table("trials", "trials/s", "lease p50 / p99 ms", "report p50 / p99 ms")
+        for w in res["cubic"]["windows"]:
+            wt.add_row(
+                w["trials"],
+                f"{w['trials_per_s']:.2f}",
+                f"{w['lease_p50_ms']:.1f} / {w['lease_p99_ms']:.1f}",
+                f"{w['report_p50_ms']:.1f} / {w['report_p99_ms']:.1f}",
+            )
+        console.print(wt)
+    rss = res["cubic"].get("api_rss_mib") or []
+    if rss:
+        console.print(
+            "API processes' RSS after the run: " + ", ".join(f"{m:.0f}" for m in rss) + " MiB"
+        )
     inv = res["invariants"]
     console.print(
         f"invariants: {inv['trials']} trials, study {inv['study_state']}, "
         f"lost reports {len(inv['lost_reports'])}, leased more than once per "
         f"attempt {len(inv['trials_leased_not_once'])}, unfinished "
-        f"{len(inv['unfinished'])}"
+        f"{len(inv['unfinished'])}, counts kept right: {inv['counts_match']}"
     )
-    console.print("(Optuna's column: ask and tell latency in place of lease and report)")
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
 

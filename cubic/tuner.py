@@ -34,6 +34,8 @@ FULL_REREAD_S = 300.0
 """A kept history is read in full again at this interval, whatever the refreshes missed."""
 RETRY_AFTER_S = 0.25
 """What a lease that found no waiting trial tells the worker to wait, at least."""
+RETRY_AT_CAP_S = 1.0
+"""... and when the study already runs its ``max_parallel`` trials."""
 
 STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
     StudyState.PAUSED: frozenset({StudyState.RUNNING}),
@@ -261,14 +263,18 @@ class Tuner:
         if state != StudyState.RUNNING:
             own = self.store.list_trials(study_id, states=[TrialState.RUNNING])
             return Lease([t for t in own if t.worker_id == worker_id], state)
-        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
+        cap = self.resolved(study_id).spec.budget.max_parallel
+        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds, max_running=cap)
         if len(leased) >= n:
             return Lease(leased, state)
         if self.background_propose:
+            counts = self.store.study_counts(study_id)
+            if counts.running >= cap:  # nothing more may run until a trial ends
+                return Lease(leased, counts.state, retry_after_s=RETRY_AT_CAP_S)
             self.wake.set()
-            return Lease(leased, state, retry_after_s=RETRY_AFTER_S)
+            return Lease(leased, counts.state, retry_after_s=RETRY_AFTER_S)
         self.fill(study_id, wait=True, want=n - len(leased))
-        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds)
+        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds, max_running=cap)
         return Lease(leased, self.store.study_counts(study_id).state)
 
     def fill(self, study_id: int, *, wait: bool = False, want: int | None = None) -> int:
@@ -399,9 +405,12 @@ class Tuner:
             return 0
         if want is not None and want - counts.waiting <= 0:
             return 0
-        # Propose for all the parallel room at once, as one diverse batch: the workers that
-        # lease next find waiting trials.
-        return max(0, min(b.max_trials - counts.proposed, b.max_parallel - counts.active))
+        # Propose for all the parallel room at once, as one diverse batch. A background
+        # proposer also keeps a few trials ahead of demand, so that a worker that finishes
+        # finds the next one waiting (leases still run at most max_parallel at once).
+        ahead = -(-b.max_parallel // 8) if self.background_propose else 0
+        room = b.max_parallel + ahead - counts.active
+        return max(0, min(b.max_trials - counts.proposed, room))
 
     def heartbeat(
         self, trial_id: int, lease_token: str, lease_seconds: float = DEFAULT_LEASE_S

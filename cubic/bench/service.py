@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,13 @@ def pg_schema(base_url: str) -> Any:
     return temporary_schema(base_url, prefix="cubic_bench")
 
 
+_SERVERS: dict[str, int] = {}  # base URL -> uvicorn's master pid, while it runs
+
+
 @contextmanager
-def api_server(db_url: str, api_workers: int) -> Iterator[str]:
+def api_server(
+    db_url: str, api_workers: int, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
     """``uvicorn --workers N`` serving cubic on ``db_url``; yields its base URL."""
     port = free_port()
     env = {
@@ -51,6 +57,7 @@ def api_server(db_url: str, api_workers: int) -> Iterator[str]:
         "CUBIC_DATABASE_URL": db_url,
         "CUBIC_REAP_INTERVAL_S": "2",
         "CUBIC_AUTH": "false",  # on loopback, for this process's own clients
+        **(extra_env or {}),
     }
     # a file, not a pipe: nobody reads a pipe while the server runs, and a full one blocks it
     with tempfile.TemporaryFile() as errors:
@@ -95,8 +102,10 @@ def _serve(api_workers: int, env: dict[str, str], port: int, errors: Any) -> Ite
             if time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not become ready within 60 s")
             time.sleep(0.2)
+        _SERVERS[url] = proc.pid
         yield url
     finally:
+        _SERVERS.pop(url, None)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=20)
@@ -125,33 +134,72 @@ def study_spec(trials: int, workers: int, strategy: str) -> dict[str, Any]:
     return spec.resolve().spec.model_dump(mode="json")
 
 
-def _cubic_worker(args: tuple[str, int, int, str]) -> dict[str, Any]:
-    """One worker process: lease one trial at a time, run it, report it, timing each call."""
+def api_rss_mib(url: str) -> list[float]:
+    """Resident memory (MiB) of each API process serving ``url`` (Linux ``/proc``)."""
+    pid = _SERVERS.get(url)
+    if pid is None:
+        return []
+    out = []
+    for child in _children(pid) or [pid]:
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                out.append(int(line.split()[1]) / 1024.0)
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    # uvicorn's workers are spawned processes; each may have a resource tracker beside it
+    return [k for k in kids if "uvicorn" in _cmdline(k) or "multiprocessing" in _cmdline(k)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
+    """One worker process: lease one trial at a time, run it, report it, timing each call.
+
+    It honours the lease's ``retry_after_s``, as ``cubic worker`` does, and starts only when
+    every worker is ready, so that start-up is not counted.
+    """
+    import json
+
     from cubic.client import CubicClient
     from cubic.sim.job import run_job
     from cubic.workload import Workload
 
-    url, study_id, index, workload_json = args
-    import json
-
+    url, study_id, index, workload_json, barrier = args
     workload = Workload.from_dict(json.loads(workload_json))
-    lease_s, report_s, reported = [], [], []
-    idle_since = None
+    calls: list[tuple[float, str, float]] = []  # (wall time at the end, kind, seconds)
+    reported = []
     with CubicClient(url, timeout=120) as client:
-        while True:
+        client.get_study(study_id)  # connected and warm
+        barrier.wait(600)
+        start = time.time()
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
             t0 = time.perf_counter()
-            leased = client.lease(study_id, f"bench-{index}", 1, 120.0)
-            lease_s.append(time.perf_counter() - t0)
-            if not leased:
-                idle_since = idle_since or time.monotonic()
-                if client.get_study(study_id)["state"] != "running":
+            answer = client.lease_batch(study_id, f"bench-{index}", 1, 120.0)
+            calls.append((time.time(), "lease", time.perf_counter() - t0))
+            if not answer["trials"]:
+                if answer["study_state"] != "running":
                     break
-                if time.monotonic() - idle_since > 60:
-                    break
-                time.sleep(0.05)
+                time.sleep(answer.get("retry_after_s") or 0.25)
                 continue
-            idle_since = None
-            t = leased[0]
+            t = answer["trials"][0]
             out = run_job(workload, t["params"], seed=t["id"])
             t0 = time.perf_counter()
             client.report(
@@ -162,13 +210,26 @@ def _cubic_worker(args: tuple[str, int, int, str]) -> dict[str, Any]:
                 error=out.error,
                 log_tail=out.log_tail,
             )
-            report_s.append(time.perf_counter() - t0)
+            calls.append((time.time(), "report", time.perf_counter() - t0))
             reported.append((t["id"], t["attempt"], out.state))
-    return {"lease_s": lease_s, "report_s": report_s, "reported": reported}
+    return {"calls": calls, "reported": reported, "start": start, "end": time.time()}
 
 
-def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
-    """The reference: the same loop through Optuna's RDBStorage ask/tell."""
+def optuna_sampler(strategy: str, seed: int) -> Any:
+    """The Optuna sampler the reference uses for a cubic strategy (TPE stands in for the
+    strategies Optuna does not have)."""
+    import optuna
+
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if strategy == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+
+
+def _optuna_worker(args: tuple[str, str, int, int, str, str, Any]) -> dict[str, Any]:
+    """The reference: the same loop through Optuna's RDBStorage ask/tell, stopping once the
+    study has ``budget`` finished trials (what ``MaxTrialsCallback`` checks)."""
     import json
 
     import optuna
@@ -178,14 +239,16 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
     from cubic.workload import Workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    db_url, name, budget, seed, payload = args
+    db_url, name, budget, seed, payload, strategy, barrier = args
     data = json.loads(payload)
     workload = Workload.from_dict(data["workload"])
     space = Space.from_dict(data["space"])
     dists = space.optuna_distributions()
     ctx = workload.context()
-    ask_s, tell_s, errors = [], [], 0
+    calls: list[tuple[float, str, float]] = []
+    errors = 0
     causes: list[str] = []
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
 
     def retried(fn: Any, *a: Any, **kw: Any) -> Any:
         # Under many writers RDBStorage's commits can fail (deadlocks, conflicts); a user
@@ -200,7 +263,7 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
                 time.sleep(0.05 * (attempt + 1))
         raise RuntimeError("RDBStorage kept failing: " + "; ".join(causes[-3:]))
 
-    # 64 processes opening RDBStorage at once race on its schema set-up commit: retried.
+    # Many processes opening RDBStorage at once race on its schema set-up commit: retried.
     storage = retried(
         optuna.storages.RDBStorage, db_url, engine_kwargs={"pool_size": 2, "max_overflow": 0}
     )
@@ -208,15 +271,15 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
         optuna.load_study,
         study_name=name,
         storage=storage,
-        sampler=optuna.samplers.RandomSampler(seed=seed),
+        sampler=optuna_sampler(strategy, seed),
     )
-    while True:
+    told = 0
+    barrier.wait(600)
+    start = time.time()
+    while len(retried(study.get_trials, deepcopy=False, states=finished)) < budget:
         t0 = time.perf_counter()
-        n_done = len(retried(study.get_trials, deepcopy=False))
-        if n_done >= budget:
-            break
         trial = retried(study.ask, dists)
-        ask_s.append(time.perf_counter() - t0)
+        calls.append((time.time(), "lease", time.perf_counter() - t0))
         cfg = space.complete(dict(trial.params), ctx)
         out = run_job(workload, cfg, seed=trial.number)
         t0 = time.perf_counter()
@@ -224,8 +287,9 @@ def _optuna_worker(args: tuple[str, str, int, int, str]) -> dict[str, Any]:
             retried(study.tell, trial, out.metrics["tokens_per_s"], skip_if_finished=True)
         else:
             retried(study.tell, trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        tell_s.append(time.perf_counter() - t0)
-    return {"lease_s": ask_s, "report_s": tell_s, "reported": [], "errors": errors}
+        calls.append((time.time(), "report", time.perf_counter() - t0))
+        told += 1
+    return {"calls": calls, "told": told, "errors": errors, "start": start, "end": time.time()}
 
 
 def _max_connections(db_url: str) -> int:
@@ -243,29 +307,55 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
 
 
-def _summary(name: str, results: list[dict[str, Any]], wall: float, trials: int) -> dict[str, Any]:
-    errors = sum(r.get("errors", 0) for r in results)
-    lease = [x for r in results for x in r["lease_s"]]
-    report = [x for r in results for x in r["report_s"]]
+def _latency(calls: list[tuple[float, str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for kind in ("lease", "report"):
+        xs = [s for _, k, s in calls if k == kind]
+        for q in (50, 95, 99):
+            out[f"{kind}_p{q}_ms"] = _pct(xs, q)
+        out[f"{kind}_calls"] = len(xs)
+    return out
+
+
+def _summary(name: str, results: list[dict[str, Any]], trials: int) -> dict[str, Any]:
+    """Trials/s from the moment every worker was ready to the last one's end."""
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    calls = [c for r in results for c in r["calls"]]
     return {
         "system": name,
+        "clients": len(results),
         "trials": trials,
         "wall_s": wall,
-        "trials_per_s": trials / wall,
-        "lease_p50_ms": _pct(lease, 50),
-        "lease_p99_ms": _pct(lease, 99),
-        "report_p50_ms": _pct(report, 50),
-        "report_p99_ms": _pct(report, 99),
-        "lease_calls": len(lease),
-        "report_calls": len(report),
-        "storage_errors": errors,
+        "trials_per_s": trials / wall if wall > 0 else float("nan"),
+        **_latency(calls),
+        "storage_errors": sum(r.get("errors", 0) for r in results),
     }
+
+
+def windows(results: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+    """Latency and throughput per window of ``size`` reports, in report order: whether a
+    call's cost grows with the study's history."""
+    calls = sorted((c for r in results for c in r["calls"]), key=lambda c: c[0])
+    reports = [t for t, k, _ in calls if k == "report"]
+    out = []
+    for k in range(0, len(reports) - size + 1, size):
+        lo, hi = reports[k], reports[k + size - 1]
+        inside = [c for c in calls if lo <= c[0] <= hi]
+        out.append(
+            {
+                "trials": f"{k}-{k + size}",
+                "trials_per_s": size / (hi - lo) if hi > lo else float("nan"),
+                **_latency(inside),
+            }
+        )
+    return out
 
 
 def check_invariants(
     db_url: str, study_id: int, reported: list[tuple[int, int, str]]
 ) -> dict[str, Any]:
-    """Every trial leased once per attempt, every report stored, the study completed."""
+    """Every trial leased once per attempt, every report stored, the study completed, and
+    the counts the service keeps equal to the trials."""
     from cubic.store import Store
 
     with Store(db_url) as store:
@@ -276,53 +366,116 @@ def check_invariants(
             for t in trials
         }
         study = store.get_study(study_id)
+        counts = store.study_counts(study_id)
     lost = [tid for tid, _, state in reported if str(by_id[tid].state) != state]
     multi = {
         tid: n
         for tid, n in leases_per_trial.items()
         if n != 1 and str(by_id[tid].state) != "waiting"
     }
+    proposed = sum(1 for t in trials if t.attempt == 1 and t.source != "imported")
     return {
         "trials": len(trials),
         "study_state": str(study.state),
         "lost_reports": lost,
         "trials_leased_not_once": multi,
         "unfinished": [t.id for t in trials if str(t.state) in ("waiting", "running")],
+        "counts_match": (counts.proposed, counts.active) == (proposed, 0),
     }
 
 
+def _run_pool(ctx: Any, fn: Any, args: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(len(args))
+        with ctx.Pool(len(args)) as pool:
+            return pool.map(fn, [(*a, barrier) for a in args])
+
+
 def bench_service(
-    pg_url: str,
+    pg_url: str | None,
     *,
     trials: int = 500,
     workers: int = 64,
     api_workers: int = 4,
     strategy: str = "random",
     reference: bool = True,
+    window: int | None = None,
 ) -> dict[str, Any]:
-    """Run cubic and (optionally) the Optuna reference; return figures and invariant checks."""
+    """Run cubic and (optionally) the Optuna reference with the same number of clients;
+    return figures and invariant checks.
+
+    ``pg_url=None``: a PostgreSQL cluster of the benchmark's own, with connections for
+    ``workers`` RDBStorage clients (two each) and the API processes' pools. With a given
+    server, both systems run with as many clients as its connection limit allows Optuna.
+    ``window``: also report latency per ``window`` reports (a history-growth run).
+    """
+
+    own = None
+    if pg_url is None:
+        from cubic.bench.pgcluster import PgCluster
+
+        own = PgCluster(max_connections=2 * workers + 8 * api_workers + 20, fsync=True)
+        own.start()
+        pg_url = own.url
+    try:
+        return _bench(pg_url, trials, workers, api_workers, strategy, reference, window, own)
+    finally:
+        if own is not None:
+            own.remove()
+
+
+def _bench(
+    pg_url: str,
+    trials: int,
+    workers: int,
+    api_workers: int,
+    strategy: str,
+    reference: bool,
+    window: int | None,
+    own: Any,
+) -> dict[str, Any]:
     import json
 
     from cubic.client import CubicClient
     from cubic.store.schema import upgrade
 
-    out: dict[str, Any] = {}
+    limit = _max_connections(pg_url)
+    # RDBStorage nests sessions: two connections per client. cubic's workers hold none; its
+    # API processes hold at most pool + overflow each.
+    clients = min(workers, max(1, (limit - 10) // 2)) if reference else workers
+    out: dict[str, Any] = {
+        "settings": {
+            "trials": trials,
+            "clients": clients,
+            "api_processes": api_workers,
+            "strategy": strategy,
+            "optuna_sampler": type(optuna_sampler(strategy, 0)).__name__ if reference else None,
+            "database": "own cluster" if own is not None else "given server",
+            "max_connections": limit,
+        }
+    }
+    pool = {"CUBIC_DB_POOL_SIZE": "8", "CUBIC_DB_MAX_OVERFLOW": "4"}
     ctx = mp.get_context("spawn")
     with pg_schema(pg_url) as db_url:
         upgrade(db_url)
-        spec = study_spec(trials, workers, strategy)
-        with api_server(db_url, api_workers) as url:
+        spec = study_spec(trials, clients, strategy)
+        with api_server(db_url, api_workers, pool) as url:
             with CubicClient(url) as client:
                 study_id = client.create_study(spec)["id"]
-            args = [(url, study_id, i, json.dumps(spec["workload"])) for i in range(workers)]
-            t0 = time.perf_counter()
-            with ctx.Pool(workers) as pool:
-                results = pool.map(_cubic_worker, args)
-            wall = time.perf_counter() - t0
+            args = [(url, study_id, i, json.dumps(spec["workload"])) for i in range(clients)]
+            load0 = os.getloadavg()[0]
+            results = _run_pool(ctx, _cubic_worker, args)
+            load = os.getloadavg()[0]
+            rss = api_rss_mib(url)
         reported = [r for res in results for r in res["reported"]]
-        out["cubic"] = _summary(
-            f"cubic ({api_workers} API processes)", results, wall, len(reported)
-        )
+        out["cubic"] = {
+            **_summary(f"cubic ({api_workers} API processes)", results, len(reported)),
+            "load_avg_1m": load,
+            "load_avg_1m_before": load0,
+            "api_rss_mib": rss,
+        }
+        if window:
+            out["cubic"]["windows"] = windows(results, window)
         out["invariants"] = check_invariants(db_url, study_id, reported)
     if reference:
         import optuna
@@ -331,17 +484,14 @@ def bench_service(
             name = "optuna-reference"
             optuna.create_study(study_name=name, storage=db_url, direction="maximize")
             payload = json.dumps({"workload": spec["workload"], "space": spec["space"]})
-            # RDBStorage needs two connections per process (it nests sessions): 64 direct
-            # clients would exhaust PostgreSQL's default max_connections of 100, which
-            # cubic's workers never touch. The reference uses as many as the server allows.
-            n_ref = min(workers, max(1, (_max_connections(db_url) - 10) // 2))
-            args2 = [(db_url, name, trials, i, payload) for i in range(n_ref)]
-            t0 = time.perf_counter()
-            with ctx.Pool(n_ref) as pool:
-                results = pool.map(_optuna_worker, args2)
-            wall = time.perf_counter() - t0
-            n = len(optuna.load_study(study_name=name, storage=db_url).get_trials())
-            out["optuna"] = _summary(
-                f"Optuna RDBStorage ({n_ref} direct clients)", results, wall, n
-            )
+            args2 = [(db_url, name, trials, i, payload, strategy) for i in range(clients)]
+            results = _run_pool(ctx, _optuna_worker, args2)
+            load = os.getloadavg()[0]
+            told = sum(r["told"] for r in results)
+            out["optuna"] = {
+                **_summary(f"Optuna RDBStorage ({clients} clients)", results, told),
+                "load_avg_1m": load,
+            }
+            if window:
+                out["optuna"]["windows"] = windows(results, window)
     return out

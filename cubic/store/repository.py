@@ -487,8 +487,10 @@ class Store:
         n: int,
         lease_seconds: float,
         now: datetime | None = None,
+        max_running: int | None = None,
     ) -> list[Trial]:
-        """Lease up to ``n`` trials of a study to ``worker_id``.
+        """Lease up to ``n`` trials of a study to ``worker_id``, and never so many that more
+        than ``max_running`` of the study's trials run at once.
 
         Idempotent per worker: the worker's own running trials in the study come first
         (their deadlines extended, all of them even if more than ``n``), then waiting trials
@@ -539,6 +541,14 @@ class Store:
                         .with_for_update(skip_locked=True)
                     )
                 )
+            if fresh and max_running is not None:
+                # The study row's lock makes the cap exact across processes.
+                running = s.scalar(
+                    select(StudyRow.n_running)
+                    .where(StudyRow.id == study_id)
+                    .with_for_update(key_share=True)
+                )
+                fresh = fresh[: max(0, max_running - int(running or 0))]
             for row in fresh:
                 row.state = TrialState.RUNNING.value
                 row.worker_id = worker_id
@@ -554,9 +564,9 @@ class Store:
                     worker_id,
                     {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
                 )
-            if fresh:
-                _count(s, study_id, waiting=-len(fresh), running=len(fresh))
             s.flush()
+            if fresh:  # last: the study row stays locked only until the commit
+                _count(s, study_id, waiting=-len(fresh), running=len(fresh))
             return [_trial(r) for r in own + fresh]
 
     def heartbeat(
@@ -632,8 +642,6 @@ class Store:
             row.finished_at = now
             row.lease_deadline = None
             retry_row = self._retry(s, row, now) if new == TrialState.FAILED else None
-            hours = _gpu_hours(metrics_json) if row.source != "imported" else 0.0
-            _count(s, row.study_id, running=-1, gpu_hours=hours)
             detail: dict[str, Any] = {}
             if error is not None:
                 detail["error"] = error[:1000]
@@ -641,6 +649,8 @@ class Store:
                 detail["retry_trial_id"] = retry_row.id
             _event(s, row, TrialState.RUNNING, new, now, row.worker_id, detail)
             s.flush()
+            hours = _gpu_hours(metrics_json) if row.source != "imported" else 0.0
+            _count(s, row.study_id, running=-1, gpu_hours=hours)  # last: see lease_trials
             return _trial(row), None if retry_row is None else _trial(retry_row)
 
     def release_trial(self, trial_id: int, lease_token: str) -> Trial:

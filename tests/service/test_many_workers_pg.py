@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 def test_64_workers_4_api_processes_500_trials() -> None:
     res = bench_service(PG, trials=500, workers=64, api_workers=4, reference=False)
+    assert res["invariants"]["counts_match"]
     inv = res["invariants"]
     assert inv["study_state"] == "completed"
     assert inv["unfinished"] == []

@@ -81,7 +81,12 @@ def test_lease_is_idempotent_per_worker(client: TestClient) -> None:
     # Tokens are for the leasing worker only: listings never show them.
     listed = client.get(f"/v1/studies/{sid}/trials").json()["items"]
     assert all("lease_token" not in t for t in listed)
-    assert {t["worker_id"] for t in listed} == {"w1", "w2"}
+    assert {t["worker_id"] for t in listed if t["state"] == "running"} == {"w1", "w2"}
+    # One more waits, proposed ahead of demand: 4 may run at once, the queue holds a fifth.
+    assert [t["state"] for t in listed].count("waiting") == 1
+    # With 4 running, nobody gets more until one ends, and is told to ask again later.
+    resp = client.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w3", "count": 2})
+    assert resp.json()["trials"] == [] and resp.json()["retry_after_s"] >= 1.0
 
 
 def test_report_is_idempotent_per_token(client: TestClient) -> None:
