@@ -122,10 +122,24 @@ class Tuner:
         PostgreSQL holds a connection while it waits: without the first, a burst of leases
         for one study could take every pooled connection and starve the lock's holder.
         """
+        with self._proposing_if(study_id, wait=True) as held:
+            assert held
+            yield
+
+    @contextlib.contextmanager
+    def _proposing_if(self, study_id: int, *, wait: bool) -> Iterator[bool]:
+        """The study's proposal lock (see :meth:`_proposing`) if free now, or after waiting
+        when ``wait``; yields whether it is held."""
         with self._local_guard:
             local = self._local_locks.setdefault(study_id, threading.Lock())
-        with local, self.store.study_lock(study_id):
-            yield
+        if not local.acquire(blocking=wait):
+            yield False
+            return
+        try:
+            with self.store.try_study_lock(study_id, wait=wait) as held:
+                yield held
+        finally:
+            local.release()
 
     # studies --------------------------------------------------------------------------
     def create_study(
@@ -283,7 +297,7 @@ class Tuner:
         ``wait=False`` (a background proposer): skip the study if another thread or process
         holds its proposal lock. ``want``: propose only if fewer than that many wait.
         """
-        with self.store.try_study_lock(study_id, wait=wait) as held:
+        with self._proposing_if(study_id, wait=wait) as held:
             if not held:
                 return 0
             counts = self.store.study_counts(study_id)

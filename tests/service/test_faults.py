@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from cubic.bench.pgcluster import PgCluster, can_run_postgres
 from cubic.client import CubicClient
 from cubic.store.engine import make_engine
 from cubic.store.schema import upgrade
 from tests.requirements import need
 from tests.service.conftest import spec
-from tests.service.faults import PgCluster, Workers, api_process, can_run_postgres, invariants
+from tests.service.faults import Workers, api_process, invariants
 from tests.service.faults import wait_for as wait_until
 
 BUDGET = 40

@@ -21,10 +21,10 @@ def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None
 
     got = client.get(resp.headers["location"]).json()
     assert got["id"] == study["id"]
-    # Its first batch (the parallel room) was proposed when it was created.
+    # Its first batch was proposed when it was created: the parallel room and one ahead.
     assert got["progress"] == {
         "counts": {
-            "waiting": 4,
+            "waiting": 5,
             "running": 0,
             "complete": 0,
             "infeasible": 0,
@@ -46,7 +46,7 @@ def test_create_from_yaml(client: TestClient, media: str) -> None:
     # The baseline is queued as the first trial.
     first, *proposed = client.get(f"/v1/studies/{study['id']}/trials").json()["items"]
     assert first["source"] == "baseline" and first["params"]["tp"] == 2
-    assert [t["source"] for t in proposed] == ["strategy"] * 3  # the rest of the first batch
+    assert [t["source"] for t in proposed] == ["strategy"] * 4  # the rest of the first batch
 
 
 def test_invalid_specs_are_422_naming_the_field(client: TestClient) -> None:
