@@ -83,6 +83,7 @@ class CubicStrategy(Strategy):
         error_prior: float = 1.0,
         offset: str = "auto",
         borrowed_radius: float = 3.0,
+        borrowed_kappa: float = 0.0,
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
         **options: Any,
@@ -106,6 +107,7 @@ class CubicStrategy(Strategy):
         self.error_prior = error_prior
         self.offset = offset
         self.borrowed_radius = borrowed_radius
+        self.borrowed_kappa = borrowed_kappa
         self.memory_slack = memory_slack
         self.memory_power = memory_power
         self._sites: int | None = None
@@ -719,7 +721,11 @@ class CubicStrategy(Strategy):
         p_fit = self._memory_model(history).p_fit(X)
         if not knows_knobs(self.study.workload.kind, self.study.space.names):
             p_fit = np.ones(len(X))
-        ucb = mu + self.kappa * sd
+        # Before this study has measured anything, the trees' spread says how the prior
+        # workloads disagree, not where this one's optimum may be: rank by the prediction,
+        # and let the wider radius below hedge the batch.
+        measured = any(self._value(t)[0] is not None for t in history)
+        ucb = mu + (self.kappa if measured else self.borrowed_kappa) * sd
         score = (
             np.exp(ucb - ucb.max())
             * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
@@ -731,7 +737,6 @@ class CubicStrategy(Strategy):
             score = np.where(likely, score, score * 1e-6)
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
-        measured = any(self._value(t)[0] is not None for t in history)
         radius = self.radius * (1.0 if measured else self.borrowed_radius)
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
