@@ -110,7 +110,7 @@ class Tuner:
         self._history_guard = threading.Lock()
         self._resolved: dict[int, ResolvedStudy] = {}
         self._strategies: dict[int, Strategy] = {}
-        self._priors: dict[tuple[str, int], tuple[float, list[tuple[Workload, Trial]]]] = {}
+        self._priors: dict[str, tuple[float, list[tuple[Workload, Trial]]]] = {}
         self._local_locks: dict[int, threading.Lock] = {}
         self._local_guard = threading.Lock()
 
@@ -395,21 +395,25 @@ class Tuner:
         return fitted
 
     def _prior(self, kind: str, study_id: int, ttl_s: float = 60.0) -> list[tuple[Workload, Trial]]:
-        """Finished trials of the other studies of ``kind``, with their workloads (cached)."""
-        key = (kind, study_id)
-        cached = self._priors.get(key)
-        if cached is not None and time.monotonic() - cached[0] < ttl_s:
-            return cached[1]
-        out = []
-        for t in self.store.history_for_kind(
-            kind, exclude_study=study_id, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
-        ):
-            try:
-                out.append((self.resolved(t.study_id).workload, t))
-            except CubicError:
-                continue  # a study whose spec no longer loads teaches nothing
-        self._priors[key] = (time.monotonic(), out)
-        return out
+        """Finished trials of the other studies of ``kind``, with their workloads.
+
+        One read per kind and ``ttl_s``, shared by every study of that kind (each gets the
+        others' trials by reference), so memory grows with the history once, not once per
+        study.
+        """
+        cached = self._priors.get(kind)
+        if cached is None or time.monotonic() - cached[0] >= ttl_s:
+            rows = []
+            for t in self.store.history_for_kind(
+                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
+            ):
+                try:
+                    rows.append((self.resolved(t.study_id).workload, t))
+                except CubicError:
+                    continue  # a study whose spec no longer loads teaches nothing
+            cached = (time.monotonic(), rows)
+            self._priors[kind] = cached
+        return [(wl, t) for wl, t in cached[1] if t.study_id != study_id]
 
     def _room(self, study_id: int, counts: StudyCounts, want: int | None = None) -> int:
         """How many trials to propose now: all the room the budget and the parallel limit
