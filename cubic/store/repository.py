@@ -17,7 +17,6 @@ import copy
 import hashlib
 import hmac
 import json
-import math
 import os
 import secrets
 import threading
@@ -42,6 +41,7 @@ from cubic.errors import (
     StorageError,
     TrialFinished,
 )
+from cubic.objectives import number
 from cubic.store import schema
 from cubic.store.engine import WRITE_OPTION, is_postgresql, make_engine
 from cubic.store.models import (
@@ -1101,10 +1101,7 @@ def _count(
 
 def _gpu_hours(metrics: dict[str, Any] | None) -> float:
     """The GPU-hours a report says it used (0 when it says nothing usable)."""
-    v = (metrics or {}).get("gpu_hours")
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        return 0.0
-    return float(v)
+    return max(0.0, number((metrics or {}).get("gpu_hours")) or 0.0)
 
 
 def _int32(value: int) -> int:
