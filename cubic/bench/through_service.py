@@ -12,6 +12,7 @@ background. The stored trials are then scored exactly as an in-process run
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 import time
@@ -22,6 +23,8 @@ from cubic.bench.search import RunResult, StudyInfo, landscape, score_run
 from cubic.errors import InvalidInput
 from cubic.sim.job import NoiseModel
 from cubic.study import ResolvedStudy
+
+log = logging.getLogger(__name__)
 
 WORKER_DEADLINE_S = 3600.0
 """A run whose workers have not finished after this long is reported as broken."""
@@ -74,9 +77,15 @@ def run_through_service(
                 try:
                     with CubicClient(url, timeout=300) as c:
                         runner = SimulatedRunner(seed=seed, noise=noise, max_workers=1)
-                        Worker(c, study_id, runner, worker_id=f"bench-{i}", idle_s=0.05).run()
+                        # an outbox of the run's own: the next run's service, on a fresh
+                        # database, may get the same port and so the same default folder
+                        outbox = Path(tmp) / f"outbox-{i}"
+                        Worker(
+                            c, study_id, runner, worker_id=f"bench-{i}", idle_s=0.05, outbox=outbox
+                        ).run()
                 except BaseException as exc:  # reported below, with the others
                     errors.append(exc)
+                    log.exception("worker %d failed", i)
 
             threads = [
                 threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)
