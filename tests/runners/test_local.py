@@ -131,7 +131,7 @@ def test_cancel_stops_the_job_and_its_children(runner: LocalRunner, tmp_path: Pa
     started = time.monotonic()
     runner.cancel(h)
     runner.cancel(h)  # idempotent
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # far below the 300 s the job would sleep
     out = wait(runner, h)
     assert (out.state, out.error) == ("failed", "cancelled")
     deadline = time.monotonic() + 5
