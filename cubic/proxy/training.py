@@ -199,8 +199,8 @@ class Retrainer:
     finished since the newest version was fitted (or when that version is out of date), and
     does nothing otherwise, so callers may invoke it as often as they like. Fitting is
     CPU-bound and blocking: run it in a thread (:meth:`run` is a ready-made loop), never in
-    an event loop. One refit runs at a time per instance. Workloads come from each study's
-    stored spec unless ``workload_of`` is given.
+    an event loop. One refit runs at a time per kind, across every process on the store.
+    Workloads come from each study's stored spec unless ``workload_of`` is given.
     """
 
     def __init__(
@@ -249,24 +249,36 @@ class Retrainer:
 
     def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
+        finished = [TrialState.COMPLETE, TrialState.INFEASIBLE]
         with self._lock:
-            history = self.store.history_for_kind(
-                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
-            )
-            trials = [t for t in history if usable(t) and self._workload(t.study_id) is not None]
-            if not self.due(kind, trials):
-                return None
-            if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
-                return None
-            return fit_and_store(
-                self.store,
-                kind,
-                trials,
-                self._workload,
-                objective=self.objective,
-                params=self.params,
-                seed=self.seed,
-            )
+            latest = self.store.latest_proxy_model(kind)
+            if (
+                latest is not None
+                and is_current(latest)
+                and self.store.count_for_kind(kind, finished) - latest.n_train < self.every
+            ):
+                return None  # the usable trials are fewer still: not due, and nothing read
+            # Of several processes that find a refit due, one fits; the others skip it.
+            with self.store.try_proxy_fit_lock(kind) as held:
+                if not held:
+                    return None
+                history = self.store.history_for_kind(kind, states=finished)
+                trials = [
+                    t for t in history if usable(t) and self._workload(t.study_id) is not None
+                ]
+                if not self.due(kind, trials):  # another process may have just fitted it
+                    return None
+                if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
+                    return None
+                return fit_and_store(
+                    self.store,
+                    kind,
+                    trials,
+                    self._workload,
+                    objective=self.objective,
+                    params=self.params,
+                    seed=self.seed,
+                )
 
     def run(
         self, stop: threading.Event, kinds: Sequence[str] = KINDS, interval_s: float = 30.0

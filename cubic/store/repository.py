@@ -82,6 +82,7 @@ _TRIAL_ORDERS = {
 
 _local_locks: dict[tuple[str, int], threading.Lock] = {}
 _local_locks_guard = threading.Lock()
+_lock_files: dict[str, Any] = {}  # SQLite lock file -> this process's open handle
 
 TrialRecord = tuple[dict[str, Any], TrialState | str, dict[str, Any] | None]
 """An imported past run: (params, finished state, metrics)."""
@@ -792,6 +793,21 @@ class Store:
         with self._session(write=False) as s:
             return [_trial(r) for r in s.scalars(query)]
 
+    def count_for_kind(
+        self, workload_kind: str, states: Iterable[TrialState | str] | None = None
+    ) -> int:
+        """How many trials the studies of a workload kind hold (in ``states``): whether a
+        refit may be due, without reading them."""
+        query = (
+            select(func.count(TrialRow.id))
+            .join(StudyRow, StudyRow.id == TrialRow.study_id)
+            .where(StudyRow.workload_kind == workload_kind)
+        )
+        if states is not None:
+            query = query.where(TrialRow.state.in_(_state_values(states)))
+        with self._session(write=False) as s:
+            return int(s.scalar(query) or 0)
+
     # -- proxy models -----------------------------------------------------------------------
 
     def save_proxy_model(
@@ -875,8 +891,8 @@ class Store:
 
         PostgreSQL: a session-level advisory lock on a dedicated connection, shared by every
         process using the database (released by the server if the process dies). SQLite: a
-        lock shared by the threads of this process; other processes are serialised only per
-        write by the file lock. Not re-entrant.
+        lock of this process's threads, then a record lock on a file beside the database that
+        other processes (the service's background process) share. Not re-entrant.
         """
         with self.try_study_lock(study_id, wait=True) as held:
             assert held
@@ -887,17 +903,35 @@ class Store:
         """The study's proposal lock (see :meth:`study_lock`) if it is free now; yields
         whether it is held. A background proposer skips a study another process fills."""
         self.study_counts(study_id)  # NotFound for a missing study
+        with self._try_lock(_PG_STUDY_LOCK_NS, study_id, wait=wait) as held:
+            yield held
+
+    @contextmanager
+    def try_proxy_fit_lock(self, workload_kind: str) -> Iterator[bool]:
+        """A workload kind's lock for fitting its shared proxy model, if free now (yields
+        whether it is held): of several processes that find a refit due, one fits."""
+        key = _int32(zlib.crc32(workload_kind.encode()))
+        with self._try_lock(_PG_PROXY_LOCK_NS, key, wait=False) as held:
+            yield held
+
+    @contextmanager
+    def _try_lock(self, ns: int, key: int, *, wait: bool) -> Iterator[bool]:
+        """A lock every process on this database shares: PostgreSQL's session-level advisory
+        lock ``(ns, key)`` on a dedicated connection, released by the server if the process
+        dies; for a SQLite file, one byte of a lock file beside it (``fcntl``), taken after
+        a lock of this process's threads (POSIX record locks are per process)."""
         if not self._pg:
-            lock = _local_lock(self._engine, study_id)
+            lock = _local_lock(self._engine, ns, key)
             if not lock.acquire(blocking=wait):
                 yield False
                 return
             try:
-                yield True
+                with _file_lock(self._engine, ns, key, wait=wait) as held:
+                    yield held
             finally:
                 lock.release()
             return
-        args = {"ns": _PG_STUDY_LOCK_NS, "key": study_id}
+        args = {"ns": ns, "key": key}
         try:
             conn = self._engine.connect()
         except SQLAlchemyError as exc:
@@ -1109,14 +1143,60 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _local_lock(engine: Engine, study_id: int) -> threading.Lock:
-    url = engine.url
-    database = url.database or ""
-    if database and database != ":memory:":
-        database = os.path.abspath(database)
-    key = (f"{url.get_backend_name()}:{database}", study_id)
+def _sqlite_file(engine: Engine) -> str | None:
+    """The absolute path of a file-backed SQLite database, else None (in memory)."""
+    database = engine.url.database or ""
+    if engine.url.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):  # a URI filename: the path before any query
+        database = database[5:].split("?", 1)[0]
+    return os.path.abspath(database)
+
+
+def _local_lock(engine: Engine, ns: int, key: int) -> threading.Lock:
+    database = _sqlite_file(engine) or f"{engine.url.get_backend_name()}:{engine.url.database}"
     with _local_locks_guard:
-        return _local_locks.setdefault(key, threading.Lock())
+        return _local_locks.setdefault((database, ns, key), threading.Lock())
+
+
+@contextmanager
+def _file_lock(engine: Engine, ns: int, key: int, *, wait: bool) -> Iterator[bool]:
+    """One byte, at an offset given by ``(ns, key)``, of ``<database>.locks``: held by one
+    process at a time (the kernel frees it if the process dies). An in-memory database has
+    one process: nothing to take."""
+    path = _sqlite_file(engine)
+    if path is None:
+        yield True
+        return
+    import fcntl
+
+    offset = ((ns & 0xF) << 40) | (key & 0xFFFFFFFFFF)
+    flags = fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)
+    f = _lock_file(path + ".locks")
+    try:
+        fcntl.lockf(f, flags, 1, offset)
+    except BlockingIOError:
+        yield False
+        return
+    except OSError as exc:
+        raise StorageError(f"cannot lock {path}.locks: {exc}") from exc
+    try:
+        yield True
+    finally:
+        fcntl.lockf(f, fcntl.LOCK_UN, 1, offset)
+
+
+def _lock_file(path: str) -> Any:
+    """The process's one open handle on a lock file, kept open: closing any handle on a
+    file drops every POSIX record lock the process holds on it."""
+    with _local_locks_guard:
+        f = _lock_files.get(path)
+        if f is None:
+            try:
+                f = _lock_files[path] = open(path, "a+b")  # noqa: SIM115
+            except OSError as exc:
+                raise StorageError(f"cannot open the lock file {path}: {exc}") from exc
+        return f
 
 
 def _describe(exc: SQLAlchemyError) -> str:

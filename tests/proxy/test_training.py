@@ -148,6 +148,20 @@ def test_retrainer_refits_after_every_n_new_trials(store: Store) -> None:
     assert retrainer.maybe_retrain("dlrm") is None
 
 
+def test_of_two_retrainers_one_fits_a_due_version(store: Store) -> None:
+    """Each API process has a retrainer: while one fits a kind, another skips it, and then
+    finds the version it would have fitted already stored."""
+    _add(store, _study(store), 30, 3)
+    first, second = (Retrainer(store, every=8, objective="regression") for _ in range(2))
+    with store.try_proxy_fit_lock("llm") as held:  # as the first process does while fitting
+        assert held
+        assert second.maybe_retrain("llm") is None
+    fitted = first.maybe_retrain("llm")
+    assert fitted is not None and fitted.n_train == 30
+    assert second.maybe_retrain("llm") is None
+    assert [v.version for v in store.list_proxy_models("llm")] == [1]
+
+
 def test_retrainer_runs_in_a_thread(store: Store) -> None:
     sid = _study(store)
     _add(store, sid, 30, 6)

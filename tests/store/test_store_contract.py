@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -701,6 +704,42 @@ class TestStudyLock:
             thread.join()
         with pytest.raises(NotFound), store.study_lock(999):
             pass
+
+    def test_lock_is_shared_with_other_processes(self, store: Store, db_url: str) -> None:
+        """Another process (the service's background one) holding a study's lock keeps
+        this one out until it lets go; a kind's proxy-fit lock likewise."""
+        study = store.create_study("a", {}, "llm")
+        other = store.create_study("b", {}, "llm")
+        holder = textwrap.dedent(
+            f"""
+            import sys
+            from cubic.store import Store
+            with Store({db_url!r}) as s, s.try_study_lock({study.id}) as a:
+                with s.try_proxy_fit_lock("llm") as b:
+                    print(a and b, flush=True)
+                    sys.stdin.readline()
+            """
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            assert proc.stdout.readline().strip() == "True"
+            with store.try_study_lock(study.id) as held:
+                assert not held
+            with store.try_proxy_fit_lock("llm") as held:
+                assert not held
+            with store.try_study_lock(other.id) as held, store.try_proxy_fit_lock("dlrm") as b:
+                assert held and b  # other keys are free
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(60) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        with store.try_study_lock(study.id) as held, store.try_proxy_fit_lock("llm") as b:
+            assert held and b
 
     def test_lock_is_released_after_an_error(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
