@@ -71,3 +71,20 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+LEASE_BACKOFF_MAX = 8.0
+"""The most a run of short leases stretches the service's ``retry_after_s`` (times)."""
+
+
+def lease_wait(hint_s: float, short_leases: int, rng: random.Random) -> float:
+    """How long a worker waits before it leases again, after ``short_leases`` leases in a
+    row that came back with fewer trials than it asked for, the last one hinting ``hint_s``.
+
+    The service's hint is what one worker should wait; when many wait for the same proposal
+    round, asking that often only costs the service CPU. So each further short lease doubles
+    the wait, up to :data:`LEASE_BACKOFF_MAX` times the hint, drawn from its upper half so
+    that the workers of a study spread out and none asks sooner than the hint's half.
+    """
+    stretch = min(2.0 ** max(0, short_leases - 1), LEASE_BACKOFF_MAX)
+    return hint_s * stretch * rng.uniform(0.5, 1.0)

@@ -92,7 +92,12 @@ class Tuner:
     """Study operations over one store. Safe to use from many threads and processes."""
 
     def __init__(
-        self, store: Store, *, background_fit: bool = False, background_propose: bool = False
+        self,
+        store: Store,
+        *,
+        background_fit: bool = False,
+        background_propose: bool = False,
+        fills: bool = True,
     ) -> None:
         """``background_fit``: a background thread (the service's) calls :meth:`prefit` as
         trials finish, so that a lease usually finds the study's model already fitted. Either
@@ -101,10 +106,14 @@ class Tuner:
 
         ``background_propose``: a background thread calls :meth:`fill` (the service's), so
         a lease only pops waiting trials and never runs a strategy; without it a lease that
-        finds none proposes them itself."""
+        finds none proposes them itself.
+
+        ``fills=False``: another process (the service's background one) runs the proposer
+        and keeps the strategies; this one proposes only a created study's first batch."""
         self.store = store
         self.background_fit = background_fit
         self.background_propose = background_propose
+        self.fills = fills
         self.wake = threading.Event()  # set when a study may need proposals
         self._histories: dict[int, _History] = {}
         self._history_guard = threading.Lock()
@@ -176,6 +185,10 @@ class Tuner:
             self._strategy(study.id)
         if self.background_propose:  # its first batch is ready before the first lease
             self.fill(study.id, wait=True)
+            if not self.fills:  # the proposer's process keeps the strategy, not this one
+                self._strategies.pop(study.id, None)
+                with self._history_guard:
+                    self._histories.pop(study.id, None)
         return study
 
     def resolved(self, study_id: int) -> ResolvedStudy:

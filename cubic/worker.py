@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -32,6 +33,7 @@ from cubic.client import CubicClient
 from cubic.errors import Conflict, CubicError, NotFound, StorageError
 from cubic.outbox import Outbox, default_outbox
 from cubic.outcome import Outcome
+from cubic.retry import lease_wait
 from cubic.runners.base import Runner, TrialJob
 
 log = logging.getLogger("cubic.worker")
@@ -91,6 +93,8 @@ class Worker:
         self._objectives: tuple[str, ...] = ()
         self._study_state: str | None = None  # as the last lease answered
         self._next_lease = 0.0  # monotonic time before which asking again is pointless
+        self._short_leases = 0  # leases in a row that came back short
+        self._rng = random.Random()
 
     def stop(self) -> None:
         """Ask the loop to wind down (what SIGTERM does)."""
@@ -173,7 +177,9 @@ class Worker:
         self._study_state = answer.get("study_state")
         hint = answer.get("retry_after_s")
         # Fewer than asked were waiting: the service is proposing the next ones.
-        self._next_lease = time.monotonic() + float(hint) if hint else 0.0
+        self._short_leases = self._short_leases + 1 if hint else 0
+        wait = lease_wait(float(hint), self._short_leases, self._rng) if hint else 0.0
+        self._next_lease = time.monotonic() + wait
         new = 0
         for t in answer["trials"]:
             if t["id"] in self._active:

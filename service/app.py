@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -90,8 +90,21 @@ async def reap_forever(tuner: Tuner, interval_s: float) -> None:
             log.info("reaped %d expired lease(s): trials %s", len(reaped), [t.id for t in reaped])
 
 
+def observe(kind: str, seconds: float) -> None:
+    """Record one round of background work (``proposal`` or ``proxy_fit``) in /metrics."""
+    (observe_proposal if kind == "proposal" else observe_proxy_fit)(seconds)
+
+
+Observer = Callable[[str, float], None]
+
+
 def retrain_forever(
-    store: Store, stop: threading.Event, every: int, interval_s: float, tuner: Tuner | None = None
+    store: Store,
+    stop: threading.Event,
+    every: int,
+    interval_s: float,
+    tuner: Tuner | None = None,
+    record: Observer = observe,
 ) -> None:
     """Fit ahead of demand each running study's own model (the one its strategy proposes
     with, as in the benchmark), and refit each workload kind's shared proxy once ``every``
@@ -121,7 +134,7 @@ def retrain_forever(
                     log.exception("retraining the %s proxy model failed", kind)
                     continue
                 if version is not None:
-                    observe_proxy_fit(time.perf_counter() - t0)
+                    record("proxy_fit", time.perf_counter() - t0)
                     log.info(
                         "proxy model %s v%d fitted on %d trials",
                         kind,
@@ -131,7 +144,9 @@ def retrain_forever(
         stop.wait(min(interval_s, PREFIT_INTERVAL_S))
 
 
-def propose_forever(tuner: Tuner, stop: threading.Event, interval_s: float) -> None:
+def propose_forever(
+    tuner: Tuner, stop: threading.Event, interval_s: float, record: Observer = observe
+) -> None:
     """Keep each running study's queue of waiting trials filled, off the request path (a
     thread): woken when a study is created, a trial finishes or a lease came back short,
     and every ``interval_s`` in any case (another API process may have freed a slot).
@@ -165,11 +180,36 @@ def propose_forever(tuner: Tuner, stop: threading.Event, interval_s: float) -> N
                 log.exception("study %d: proposing failed", sid)
                 continue
             if added:
-                observe_proposal(time.perf_counter() - t0)
+                record("proposal", time.perf_counter() - t0)
                 log.debug("study %d: %d trial(s) proposed", sid, added)
 
 
-def _log_to_stderr(level: str) -> None:
+def start_background(
+    store: Store,
+    tuner: Tuner,
+    config: ServiceSettings,
+    stop: threading.Event,
+    record: Observer = observe,
+) -> list[threading.Thread]:
+    """The retrainer and the proposer, as threads of this process, until ``stop`` is set."""
+    retrainer = threading.Thread(
+        target=retrain_forever,
+        name="cubic-retrainer",
+        daemon=True,
+        args=(store, stop, config.retrain_every, config.retrain_interval_s, tuner, record),
+    )
+    proposer = threading.Thread(
+        target=propose_forever,
+        name="cubic-proposer",
+        daemon=True,
+        args=(tuner, stop, PROPOSE_INTERVAL_S, record),
+    )
+    retrainer.start()
+    proposer.start()
+    return [retrainer, proposer]
+
+
+def log_to_stderr(level: str) -> None:
     """Show the service's own log lines (uvicorn configures only its own loggers)."""
     cubic_log = logging.getLogger("cubic")
     cubic_log.setLevel(level.upper())
@@ -183,43 +223,45 @@ def _log_to_stderr(level: str) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the database is opened (and its schema checked) when it starts."""
     config = ServiceSettings.of(settings)
-    _log_to_stderr(config.log_level)
+    log_to_stderr(config.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(open_store, config)
-        tuner = Tuner(store, background_fit=True, background_propose=True)
+        in_process = config.background == "thread"
+        tuner = Tuner(store, background_fit=in_process, background_propose=True, fills=in_process)
         app.state.settings = config
         app.state.store = store
         app.state.tuner = tuner
         reaper = asyncio.create_task(
             reap_forever(tuner, config.reap_interval_s), name="cubic-reaper"
         )
-        stop = threading.Event()
-        retrainer = threading.Thread(
-            target=retrain_forever,
-            name="cubic-retrainer",
-            daemon=True,
-            args=(store, stop, config.retrain_every, config.retrain_interval_s, tuner),
-        )
-        retrainer.start()
-        proposer = threading.Thread(
-            target=propose_forever,
-            name="cubic-proposer",
-            daemon=True,
-            args=(tuner, stop, PROPOSE_INTERVAL_S),
-        )
-        proposer.start()
+        if in_process:
+            stop = threading.Event()
+            threads = start_background(store, tuner, config, stop)
+        else:
+            from service.background import BackgroundProcess
+
+            background = app.state.background = BackgroundProcess(config)
+            tuner.wake = background.wake  # a lease that came back short wakes it
+            await anyio.to_thread.run_sync(background.start)
+            watcher = asyncio.create_task(background.watch(), name="cubic-background")
         try:
             yield
         finally:
-            stop.set()
-            tuner.wake.set()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper  # a reap in progress finishes first (threads are not killed)
-            await anyio.to_thread.run_sync(retrainer.join, 60.0)
-            await anyio.to_thread.run_sync(proposer.join, 60.0)
+            if in_process:
+                stop.set()
+                tuner.wake.set()
+                for thread in threads:
+                    await anyio.to_thread.run_sync(thread.join, 60.0)
+            else:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                await anyio.to_thread.run_sync(background.stop)
             await anyio.to_thread.run_sync(store.engine.dispose)
 
     app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

@@ -30,6 +30,10 @@ class ServiceSettings(Settings):
     serve`` turns it off when it listens on loopback only, and says so).
     ``CUBIC_MAX_BODY_BYTES``: the largest request body any endpoint reads (413 beyond).
     ``CUBIC_LOG_LEVEL``: what the service logs of its own work (refits, reaped leases...).
+    ``CUBIC_BACKGROUND``: where proposing and model fitting run: ``process`` (a process of
+    their own beside each API process, so that their CPU work never holds the interpreter
+    lock a request waits on) or ``thread`` (threads of the API process: one process in all,
+    for tests and small machines).
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
@@ -43,6 +47,7 @@ class ServiceSettings(Settings):
     auth: bool = True
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    background: Literal["process", "thread"] = "process"
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

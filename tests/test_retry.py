@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
-from cubic.retry import Backoff, parse_retry_after
+from cubic.retry import LEASE_BACKOFF_MAX, Backoff, lease_wait, parse_retry_after
 
 
 class _Clock:
@@ -44,3 +44,13 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after("Tue, 01 Dec 2026 12:00:30 GMT", now=now) == 30.0
     assert parse_retry_after(None) is None
     assert parse_retry_after("soon") is None
+
+
+def test_a_run_of_short_leases_stretches_the_hint_up_to_a_cap() -> None:
+    rng = random.Random(0)
+    for short in range(1, 12):
+        stretch = min(2.0 ** (short - 1), LEASE_BACKOFF_MAX)
+        waits = [lease_wait(0.25, short, rng) for _ in range(200)]
+        assert 0.125 * stretch <= min(waits) and max(waits) <= 0.25 * stretch
+        assert max(waits) - min(waits) > 0.05 * stretch  # jittered: workers spread out
+    assert lease_wait(0.25, 0, rng) <= 0.25  # a first short lease: about the hint

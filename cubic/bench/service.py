@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -172,17 +173,20 @@ def _cmdline(pid: int) -> str:
 def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
     """One worker process: lease one trial at a time, run it, report it, timing each call.
 
-    It honours the lease's ``retry_after_s``, as ``cubic worker`` does, and starts only when
+    It waits after a short lease as ``cubic worker`` does (:func:`cubic.retry.lease_wait`
+    of the lease's ``retry_after_s``), and starts only when
     every worker is ready, so that start-up is not counted.
     """
     import json
 
     from cubic.client import CubicClient
+    from cubic.retry import lease_wait
     from cubic.sim.job import run_job
     from cubic.workload import Workload
 
     url, study_id, index, workload_json, barrier = args
     workload = Workload.from_dict(json.loads(workload_json))
+    rng, short = random.Random(index), 0
     calls: list[tuple[float, str, float]] = []  # (wall time at the end, kind, seconds)
     reported = []
     with CubicClient(url, timeout=120) as client:
@@ -197,8 +201,10 @@ def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
             if not answer["trials"]:
                 if answer["study_state"] != "running":
                     break
-                time.sleep(answer.get("retry_after_s") or 0.25)
+                short += 1
+                time.sleep(lease_wait(answer.get("retry_after_s") or 0.25, short, rng))
                 continue
+            short = 0
             t = answer["trials"][0]
             out = run_job(workload, t["params"], seed=t["id"])
             t0 = time.perf_counter()

@@ -69,6 +69,8 @@ def service_settings(url: str, **overrides: Any) -> ServiceSettings:
         "reap_interval_s": 0.2,
         "spaces_dir": SPACES,
         "auth": False,  # the role tests turn it on
+        # one process: test_background.py covers the background process of production
+        "background": "thread",
     }
     values.update(overrides)
     return ServiceSettings(**values)

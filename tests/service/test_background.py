@@ -1,0 +1,80 @@
+"""The background process of production (``CUBIC_BACKGROUND=process``): it proposes and
+fits while the API process only serves requests; it is restarted if it dies and stops by
+itself if the API process goes away."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.background import _CTX, main
+from tests.service.conftest import create, lease_answer, run_study, service_settings
+
+WAIT_S = 120.0
+
+
+@pytest.fixture
+def process_client(migrated_url: str) -> Iterator[TestClient]:
+    settings = service_settings(migrated_url, background="process", retrain_every=4)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _wait(what: str, check: object) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what}: not within {WAIT_S:.0f} s"
+        time.sleep(0.1)
+
+
+def test_the_background_process_proposes_and_the_api_process_never_does(
+    process_client: TestClient,
+) -> None:
+    app = process_client.app
+    study = create(process_client, budget={"max_trials": 10, "max_parallel": 4})
+    assert run_study(process_client, study) == 10
+    got = process_client.get(f"/v1/studies/{study['id']}").json()
+    assert got["state"] == "completed"
+    # The request process proposed the first batch only, and kept no strategy.
+    assert app.state.tuner._strategies == {}
+    # The rest were proposed by the child, whose round timings reach this process's /metrics.
+    background = app.state.background
+
+    def proposal_counted() -> bool:
+        text = process_client.get("/metrics").text
+        line = next(x for x in text.splitlines() if x.startswith("cubic_proposal_seconds_count"))
+        return float(line.split()[-1]) >= 1
+
+    _wait("a proposal timing in /metrics", proposal_counted)
+    assert background.process.is_alive()
+
+
+def test_a_background_process_that_dies_is_started_again(process_client: TestClient) -> None:
+    background = process_client.app.state.background
+    first = background.process.pid
+    os.kill(first, signal.SIGKILL)
+    _wait("a new background process", lambda: background.restarts >= 1)
+    _wait("the new one alive", lambda: background.process.is_alive())
+    assert background.process.pid != first
+    study = create(process_client)
+    assert lease_answer(process_client, study["id"])["trials"]  # it proposes
+
+
+def test_the_background_process_stops_when_its_api_process_is_gone(migrated_url: str) -> None:
+    settings = service_settings(migrated_url, background="process").model_dump()
+    wake, stop, timings = _CTX.Event(), _CTX.Event(), _CTX.Queue()
+    # A parent pid that is not its parent: what it sees once the API process died.
+    child = _CTX.Process(target=main, args=(settings, -1, wake, stop, timings), daemon=True)
+    child.start()
+    child.join(WAIT_S)
+    try:
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
