@@ -286,23 +286,19 @@ class Tuner:
         """
         if n < 1:
             raise InvalidInput("count must be at least 1", field="count")
-        state = self.store.study_counts(study_id).state
-        if state != StudyState.RUNNING:
-            own = self.store.list_trials(study_id, states=[TrialState.RUNNING])
-            return Lease([t for t in own if t.worker_id == worker_id], state)
         cap = self.resolved(study_id).spec.budget.max_parallel
-        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds, max_running=cap)
-        if len(leased) >= n:
-            return Lease(leased, state)
+        # One transaction: a study that is not running hands back only what the worker holds.
+        leased, counts = self.store.lease(study_id, worker_id, n, lease_seconds, max_running=cap)
+        if len(leased) >= n or counts.state != StudyState.RUNNING:
+            return Lease(leased, counts.state)
         if self.background_propose:
-            counts = self.store.study_counts(study_id)
             if counts.running >= cap:  # nothing more may run until a trial ends
                 return Lease(leased, counts.state, retry_after_s=RETRY_AT_CAP_S)
             self.wake.set()
             return Lease(leased, counts.state, retry_after_s=RETRY_AFTER_S)
         self.fill(study_id, wait=True, want=n - len(leased))
-        leased = self.store.lease_trials(study_id, worker_id, n, lease_seconds, max_running=cap)
-        return Lease(leased, self.store.study_counts(study_id).state)
+        leased, counts = self.store.lease(study_id, worker_id, n, lease_seconds, max_running=cap)
+        return Lease(leased, counts.state)
 
     def fill(self, study_id: int, *, wait: bool = False, want: int | None = None) -> int:
         """Propose the study's next batch if it has room; returns how many were added.

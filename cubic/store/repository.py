@@ -283,15 +283,8 @@ class Store:
 
     def study_counts(self, study_id: int) -> StudyCounts:
         """The study's state and trial counts: one row, whatever the history's size."""
-        c = StudyRow
-        query = select(c.state, c.n_proposed, c.n_waiting, c.n_running, c.gpu_hours).where(
-            c.id == study_id
-        )
         with self._session(write=False) as s:
-            row = s.execute(query).first()
-        if row is None:
-            raise NotFound(f"study {study_id} not found")
-        return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+            return _study_counts(s, study_id)
 
     def running_studies(self) -> dict[int, StudyCounts]:
         """The counts of every running study (a background proposer's one query a tick)."""
@@ -301,10 +294,7 @@ class Store:
         )
         with self._session(write=False) as s:
             rows = s.execute(query).all()
-        return {
-            int(r[0]): StudyCounts(StudyState(r[1]), int(r[2]), int(r[3]), int(r[4]), r[5])
-            for r in rows
-        }
+        return {int(r[0]): _counts_of(r[1:]) for r in rows}
 
     def last_event_id(self, study_id: int) -> int:
         """The id of the study's newest trial event (0 when it has none)."""
@@ -490,8 +480,21 @@ class Store:
         now: datetime | None = None,
         max_running: int | None = None,
     ) -> list[Trial]:
+        """Lease up to ``n`` trials of a study to ``worker_id`` (see :meth:`lease`)."""
+        return self.lease(study_id, worker_id, n, lease_seconds, now, max_running)[0]
+
+    def lease(
+        self,
+        study_id: int,
+        worker_id: str,
+        n: int,
+        lease_seconds: float,
+        now: datetime | None = None,
+        max_running: int | None = None,
+    ) -> tuple[list[Trial], StudyCounts]:
         """Lease up to ``n`` trials of a study to ``worker_id``, and never so many that more
-        than ``max_running`` of the study's trials run at once.
+        than ``max_running`` of the study's trials run at once; with the study's state and
+        counts after the lease, read in the same transaction.
 
         Idempotent per worker: the worker's own running trials in the study come first
         (their deadlines extended, all of them even if more than ``n``), then waiting trials
@@ -567,8 +570,11 @@ class Store:
                 )
             s.flush()
             if fresh:  # last: the study row stays locked only until the commit
-                _count(s, study_id, waiting=-len(fresh), running=len(fresh))
-            return [_trial(r) for r in own + fresh]
+                counts = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
+            else:
+                counts = _study_counts(s, study_id)
+            assert counts is not None
+            return [_trial(r) for r in own + fresh], counts
 
     def heartbeat(
         self,
@@ -1109,6 +1115,20 @@ def _event(
     )
 
 
+_COUNTS = (StudyRow.state, StudyRow.n_proposed, StudyRow.n_waiting, StudyRow.n_running)
+
+
+def _counts_of(row: Any) -> StudyCounts:
+    return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+
+def _study_counts(s: Session, study_id: int) -> StudyCounts:
+    row = s.execute(select(*_COUNTS, StudyRow.gpu_hours).where(StudyRow.id == study_id)).first()
+    if row is None:
+        raise NotFound(f"study {study_id} not found")
+    return _counts_of(row)
+
+
 def _count(
     s: Session,
     study_id: int,
@@ -1117,8 +1137,9 @@ def _count(
     waiting: int = 0,
     running: int = 0,
     gpu_hours: float = 0.0,
-) -> None:
-    """Move the study's counts in the transaction that changes its trials."""
+) -> StudyCounts | None:
+    """Move the study's counts in the transaction that changes its trials; returns them
+    as they now are (None when nothing moved)."""
     c = StudyRow
     values: dict[str, Any] = {}
     for name, delta in (("n_proposed", proposed), ("n_waiting", waiting), ("n_running", running)):
@@ -1126,11 +1147,13 @@ def _count(
             values[name] = getattr(c, name) + delta
     if gpu_hours:
         values["gpu_hours"] = c.gpu_hours + gpu_hours
-    if values:
-        s.execute(
-            update(c).where(c.id == study_id).values(**values),
-            execution_options={"synchronize_session": False},
-        )
+    if not values:
+        return None
+    row = s.execute(
+        update(c).where(c.id == study_id).values(**values).returning(*_COUNTS, c.gpu_hours),
+        execution_options={"synchronize_session": False},
+    ).first()
+    return None if row is None else _counts_of(row)
 
 
 def _gpu_hours(metrics: dict[str, Any] | None) -> float:
