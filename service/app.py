@@ -3,10 +3,11 @@
 ``uvicorn service.app:create_app --factory`` builds the app from the environment
 (``CUBIC_*``, see :mod:`service.settings`); ``cubic serve`` passes its settings. Start-up
 refuses a database whose schema is missing or old (run ``cubic db upgrade``), and a
-background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds, and a
-background thread refits the proxy models (``CUBIC_RETRAIN_EVERY`` new trials), and another
-proposes each running study's next trials ahead of demand, so that a lease only hands out
-waiting ones.
+background task fails expired leases every ``CUBIC_REAP_INTERVAL_S`` seconds. Off the
+request path (in a process of its own, :mod:`service.background`, or with
+``CUBIC_BACKGROUND=thread`` in threads of this one) the proxy models are refitted
+(``CUBIC_RETRAIN_EVERY`` new trials) and each running study's next trials are proposed ahead
+of demand, so that a lease only hands out waiting ones.
 
 Any number of API processes may share one PostgreSQL database: leasing takes row locks
 (``FOR UPDATE SKIP LOCKED``), proposals for a study are serialised by an advisory lock, and
