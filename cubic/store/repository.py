@@ -70,7 +70,10 @@ MAX_LOG_TAIL = 64 * 1024
 """Characters of a trial's log kept in the database (the end of the log is what matters)."""
 
 _PG_STUDY_LOCK_NS = 0x63756270
-_PG_PROXY_LOCK_NS = 0x63756271
+_PG_PROXY_LOCK_NS = 0x63756271  # a version number is taken (save_proxy_model)
+# Not the version lock's: the fitting process saves the version on another connection, and
+# there a lock held by this one would be waited for forever.
+_PG_PROXY_FIT_LOCK_NS = 0x63756272
 _TRIAL_ORDERS = {
     "number": (TrialRow.number.asc(),),
     "-number": (TrialRow.number.desc(),),
@@ -917,7 +920,7 @@ class Store:
         """A workload kind's lock for fitting its shared proxy model, if free now (yields
         whether it is held): of several processes that find a refit due, one fits."""
         key = _int32(zlib.crc32(workload_kind.encode()))
-        with self._try_lock(_PG_PROXY_LOCK_NS, key, wait=False) as held:
+        with self._try_lock(_PG_PROXY_FIT_LOCK_NS, key, wait=False) as held:
             yield held
 
     @contextmanager
