@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from sqlalchemy import Engine, case, func, select, text, update
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -110,6 +110,7 @@ class Store:
             url_or_engine if isinstance(url_or_engine, Engine) else make_engine(url_or_engine)
         )
         self._pg = is_postgresql(self._engine)
+        self._pg_schema: str | None = None  # read on the first advisory lock
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(
             self._engine, expire_on_commit=False, execution_options={WRITE_OPTION: True}
@@ -841,7 +842,10 @@ class Store:
             if self._pg:
                 s.execute(
                     text("SELECT pg_advisory_xact_lock(:ns, :key)"),
-                    {"ns": _PG_PROXY_LOCK_NS, "key": _int32(zlib.crc32(workload_kind.encode()))},
+                    {
+                        "ns": self._pg_lock_ns(s, _PG_PROXY_LOCK_NS),
+                        "key": _int32(zlib.crc32(workload_kind.encode())),
+                    },
                 )
             last = s.scalar(
                 select(func.max(ProxyModelRow.version)).where(
@@ -899,9 +903,10 @@ class Store:
         """Hold the study's proposal lock, so one process at a time generates its trials.
 
         PostgreSQL: a session-level advisory lock on a dedicated connection, shared by every
-        process using the database (released by the server if the process dies). SQLite: a
-        lock of this process's threads, then a record lock on a file beside the database that
-        other processes (the service's background process) share. Not re-entrant.
+        process using the database's schema (released by the server if the process dies).
+        SQLite: a lock of this process's threads, then a record lock on a file beside the
+        database that other processes (the service's background process) share. Not
+        re-entrant.
         """
         with self.try_study_lock(study_id, wait=True) as held:
             assert held
@@ -926,9 +931,10 @@ class Store:
     @contextmanager
     def _try_lock(self, ns: int, key: int, *, wait: bool) -> Iterator[bool]:
         """A lock every process on this database shares: PostgreSQL's session-level advisory
-        lock ``(ns, key)`` on a dedicated connection, released by the server if the process
-        dies; for a SQLite file, one byte of a lock file beside it (``fcntl``), taken after
-        a lock of this process's threads (POSIX record locks are per process)."""
+        lock ``(ns, key)`` (``ns`` made the schema's) on a dedicated connection, released by
+        the server if the process dies; for a SQLite file, one byte of a lock file beside it
+        (``fcntl``), taken after a lock of this process's threads (POSIX record locks are per
+        process)."""
         if not self._pg:
             lock = _local_lock(self._engine, ns, key)
             if not lock.acquire(blocking=wait):
@@ -940,13 +946,13 @@ class Store:
             finally:
                 lock.release()
             return
-        args = {"ns": ns, "key": key}
         try:
             conn = self._engine.connect()
         except SQLAlchemyError as exc:
             raise StorageError(_describe(exc)) from exc
         try:
             try:
+                args = {"ns": self._pg_lock_ns(conn, ns), "key": key}
                 if wait:
                     conn.execute(text("SELECT pg_advisory_lock(:ns, :key)"), args)
                     held = True
@@ -971,6 +977,13 @@ class Store:
                     conn.invalidate()
         finally:
             conn.close()
+
+    def _pg_lock_ns(self, conn: Connection | Session, ns: int) -> int:
+        """``ns`` of this store's schema: advisory locks are per database, not per schema,
+        and a deployment (or a test run) in another schema of it must not share them."""
+        if self._pg_schema is None:
+            self._pg_schema = str(conn.execute(text("SELECT current_schema()")).scalar() or "")
+        return _int32(zlib.crc32(f"{self._pg_schema}/{ns:x}".encode()))
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,8 @@ from cubic.errors import (
     TrialFinished,
 )
 from cubic.store import LEASE_EXPIRED, Store, StudyState, Trial, TrialState
+from cubic.store.engine import temporary_schema
+from tests.store.backends import PG_ENV
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 SPEC = {"workload": {"kind": "llm", "params": 7e9}, "objective": "tokens_per_s"}
@@ -740,6 +743,30 @@ class TestStudyLock:
             proc.wait()
         with store.try_study_lock(study.id) as held, store.try_proxy_fit_lock("llm") as b:
             assert held and b
+
+    @pytest.mark.postgres
+    @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+    def test_another_schema_of_the_database_has_locks_of_its_own(
+        self, store: Store, db_url: str
+    ) -> None:
+        """PostgreSQL's advisory locks are per database: a deployment (or a test run) in
+        another schema, whose study has the same id, does not share this one's locks."""
+        study = store.create_study("a", {}, "llm")
+        with (
+            temporary_schema(os.environ[PG_ENV], prefix="cubic_test") as url,
+            Store.create(url) as elsewhere,
+        ):
+            twin = elsewhere.create_study("b", {}, "llm")
+            assert twin.id == study.id  # the same lock key in each schema
+            with store.try_study_lock(study.id) as a, store.try_proxy_fit_lock("llm") as b:
+                assert a and b
+                with (
+                    elsewhere.try_study_lock(twin.id) as c,
+                    elsewhere.try_proxy_fit_lock("llm") as d,
+                ):
+                    assert c and d
+                with Store(db_url) as same, same.try_study_lock(study.id) as e:
+                    assert not e  # within one schema the lock is still shared
 
     def test_lock_is_released_after_an_error(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
