@@ -2,6 +2,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test` (0: one process). Most tests wait on servers and
+# jobs rather than use a core; tests/conftest.py keeps what a run has one of on one worker.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test lint serve clean
 
@@ -15,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/cubic demo
 
 test: $(STAMP)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

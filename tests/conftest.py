@@ -1,13 +1,71 @@
 """Fixtures shared by every test folder: a store over SQLite, and over PostgreSQL when set;
-a real API server for the tests of workers and runners."""
+a real API server for the tests of workers and runners.
+
+``make test`` runs two xdist workers (``--dist loadgroup``): tests that share something a
+run has one of are kept to one worker (``xdist_group``), and a test marked ``alone`` runs
+while the other worker runs nothing.
+"""
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
 
 import pytest
 
 pytest_plugins = ["tests.store.backends"]
+
+# A test using one of these session fixtures runs on the worker that runs the others, so a
+# run starts one of each, as without xdist.
+FIXTURE_GROUPS = {
+    # The cluster's node is this host, by name, and munged is one per host: a second
+    # cluster would share it, and the first to finish would stop it under the other.
+    "slurm_cluster": "slurm",
+    # A head is a dozen processes and takes two cores' worth of CPUs for its jobs.
+    "ray_head": "ray",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        group = next((g for f, g in FIXTURE_GROUPS.items() if f in fixtures), None)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+_LOCKS = pytest.StashKey[tuple[IO[bytes], IO[bytes]]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """An ``alone`` test (it times real jobs on this machine's cores) holds the run's lock
+    file exclusively, from its first fixture to its last teardown; every other test holds it
+    shared. A turnstile taken before it keeps new tests from starting while an ``alone`` one
+    waits for the running ones to end."""
+    if not hasattr(item.config, "workerinput"):  # not an xdist worker: nothing runs beside
+        return (yield)
+    if _LOCKS not in item.config.stash:
+        run = Path(item.config.option.basetemp).parent  # the run's folder, above each worker's
+        item.config.stash[_LOCKS] = (
+            (run / "alone.turnstile").open("ab"),
+            (run / "alone.lock").open("ab"),
+        )
+    turnstile, lock = item.config.stash[_LOCKS]
+    alone = item.get_closest_marker("alone") is not None
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    if not alone:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        return (yield)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True, scope="session")

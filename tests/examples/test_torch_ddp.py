@@ -91,6 +91,7 @@ def _submitted(path: Path) -> dict[str, Any]:
     return spec.model_copy(update=inline).model_dump(mode="json")
 
 
+@pytest.mark.alone  # the baseline and the tuned configs are timed on the same idle cores
 def test_tuning_the_real_job_beats_its_baseline(venv_on_path: None, tmp_path: Path) -> None:
     spec = _submitted(EXAMPLE / "study.yaml")
     db = f"sqlite:///{tmp_path / 'cubic.db'}"

@@ -25,6 +25,10 @@ from tests.service.faults import wait_for as wait_until
 
 BUDGET = 40
 
+# Each starts 8 to 16 worker processes and, on PostgreSQL, tens of connections to the shared
+# server: one at a time, with the other tests of the group, as without xdist.
+pytestmark = pytest.mark.xdist_group("many-processes")
+
 
 def _finished(db_url: str, study_id: int) -> int:
     engine = make_engine(db_url)

@@ -14,9 +14,14 @@ from cubic.bench.service import bench_service
 
 PG = os.environ.get("CUBIC_TEST_DATABASE_URL")
 
-pytestmark = pytest.mark.skipif(
-    not PG, reason="CUBIC_TEST_DATABASE_URL not set: the PostgreSQL scale test is skipped"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not PG, reason="CUBIC_TEST_DATABASE_URL not set: the PostgreSQL scale test is skipped"
+    ),
+    # About 50 connections to the shared server (which allows 100 by default) and 64
+    # processes: not beside the other tests that open tens of either.
+    pytest.mark.xdist_group("many-processes"),
+]
 
 
 def test_64_workers_4_api_processes_500_trials() -> None:

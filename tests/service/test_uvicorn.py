@@ -188,6 +188,7 @@ def test_one_process_on_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+@pytest.mark.xdist_group("many-processes")  # tens of connections to the shared server
 def test_four_processes_share_postgresql(db_url: str, tmp_path: Path) -> None:
     # Only PostgreSQL: on SQLite the proposal lock is per process (see cubic.store).
     upgrade(db_url)
