@@ -173,22 +173,25 @@ class Tuner:
             max_attempts=spec.max_attempts,
             owner_token_id=owner_token_id,
         )
-        if spec.baseline is not None:
-            params = {
-                k: v for k, v in spec.baseline.items() if k not in resolved.space.derived_names
-            }
-            self.store.add_trials(
-                study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
-            )
         self._resolved[study.id] = resolved
-        if self.background_fit:  # the background thread prepares its first rounds
-            self._strategy(study.id)
-        if self.background_propose:  # its first batch is ready before the first lease
-            self.fill(study.id, wait=True)
-            if not self.fills:  # the proposer's process keeps the strategy, not this one
-                self._strategies.pop(study.id, None)
-                with self._history_guard:
-                    self._histories.pop(study.id, None)
+        # The baseline goes in under the proposal lock, so that a background proposer that
+        # sees the new study does not propose a whole batch beside it.
+        with self._proposing(study.id):
+            if spec.baseline is not None:
+                params = {
+                    k: v for k, v in spec.baseline.items() if k not in resolved.space.derived_names
+                }
+                self.store.add_trials(
+                    study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
+                )
+            if self.background_fit:  # the background thread prepares its first rounds
+                self._strategy(study.id)
+            if self.background_propose:  # its first batch is ready before the first lease
+                self._fill_held(study.id, None)
+        if self.background_propose and not self.fills:  # the proposer's process keeps the
+            self._strategies.pop(study.id, None)  # strategy, not this one
+            with self._history_guard:
+                self._histories.pop(study.id, None)
         return study
 
     def resolved(self, study_id: int) -> ResolvedStudy:
@@ -307,26 +310,28 @@ class Tuner:
         holds its proposal lock. ``want``: propose only if fewer than that many wait.
         """
         with self._proposing_if(study_id, wait=wait) as held:
-            if not held:
-                return 0
-            counts = self.store.study_counts(study_id)
-            if counts.state != StudyState.RUNNING:
-                return 0
-            k = self._room(study_id, counts, want)
-            if k <= 0:
-                return 0
-            history = self._history(study_id)
-            proposals = self._strategy(study_id).suggest(history, k)
-            if not proposals:
-                return 0
-            added = self.store.add_trials(
-                study_id,
-                [p.params for p in proposals],
-                source="strategy",
-                predicted=[p.predicted for p in proposals],
-            )
-            self._remember(study_id, added)
-            return len(added)
+            return self._fill_held(study_id, want) if held else 0
+
+    def _fill_held(self, study_id: int, want: int | None) -> int:
+        """:meth:`fill`, the study's proposal lock held."""
+        counts = self.store.study_counts(study_id)
+        if counts.state != StudyState.RUNNING:
+            return 0
+        k = self._room(study_id, counts, want)
+        if k <= 0:
+            return 0
+        history = self._history(study_id)
+        proposals = self._strategy(study_id).suggest(history, k)
+        if not proposals:
+            return 0
+        added = self.store.add_trials(
+            study_id,
+            [p.params for p in proposals],
+            source="strategy",
+            predicted=[p.predicted for p in proposals],
+        )
+        self._remember(study_id, added)
+        return len(added)
 
     def to_fill(self) -> list[int]:
         """Running studies with room for proposals now (one query)."""
