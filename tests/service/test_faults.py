@@ -51,7 +51,9 @@ def _finished(db_url: str, study_id: int) -> int:
 
 def _study(url: str, parallel: int) -> int:
     body = spec(name="faults", budget={"max_trials": BUDGET, "max_parallel": parallel})
-    with CubicClient(url) as client:
+    # Creating surveys the space and proposes the first batch while the API process's
+    # background process starts beside it: on a loaded machine that may exceed 30 s.
+    with CubicClient(url, timeout=300) as client:
         return int(client.create_study(body)["id"])
 
 
