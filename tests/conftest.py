@@ -28,13 +28,34 @@ FIXTURE_GROUPS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_UNGROUPED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)  # around xdist's, which reads the marks
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         group = next((g for f, g in FIXTURE_GROUPS.items() if f in fixtures), None)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # xdist tells its scheduler a test's group by a suffix of the node id; where that does not
+    # take, the groups would be spread over the workers without a word: such a test fails.
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[_UNGROUPED] = True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.stash.get(_UNGROUPED, False):
+        pytest.fail(
+            f"--dist loadgroup does not keep this test to its group's worker with pytest "
+            f"{pytest.__version__} (pytest-dev/pytest-xdist#1386)",
+            pytrace=False,
+        )
 
 
 _LOCKS = pytest.StashKey[tuple[IO[bytes], IO[bytes]]]()
