@@ -178,8 +178,11 @@ class Worker:
         hint = answer.get("retry_after_s")
         # Fewer than asked were waiting: the service is proposing the next ones.
         self._short_leases = self._short_leases + 1 if hint else 0
-        wait = lease_wait(float(hint), self._short_leases, self._rng) if hint else 0.0
-        self._next_lease = time.monotonic() + wait
+        self._next_lease = 0.0
+        if hint:
+            self._next_lease = time.monotonic() + lease_wait(
+                float(hint), self._short_leases, self._rng
+            )
         new = 0
         for t in answer["trials"]:
             if t["id"] in self._active:

@@ -573,12 +573,9 @@ class Store:
                     {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
                 )
             s.flush()
-            if fresh:  # last: the study row stays locked only until the commit
-                counts = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
-            else:
-                counts = _study_counts(s, study_id)
-            assert counts is not None
-            return [_trial(r) for r in own + fresh], counts
+            # Last: the study row stays locked only until the commit.
+            moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
+            return [_trial(r) for r in own + fresh], moved or _study_counts(s, study_id)
 
     def heartbeat(
         self,
