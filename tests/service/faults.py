@@ -107,23 +107,31 @@ def api_process(db_url: str, log: Path, **env: str) -> Iterator[ApiProcess]:
 
 
 class Workers:
-    """``n`` processes of ``cubic worker`` (simulated runner, jobs of ``job_s`` seconds), each
-    with its own worker id, outbox and log."""
+    """``n`` processes of ``cubic worker`` (simulated runner, jobs of ``job_s`` seconds, or
+    ``slow[i]`` for worker ``i``), each with its own worker id, outbox and log."""
 
     def __init__(
-        self, url: str, study_id: int, n: int, folder: Path, job_s: float, lease_s: float
+        self,
+        url: str,
+        study_id: int,
+        n: int,
+        folder: Path,
+        job_s: float,
+        lease_s: float,
+        slow: dict[int, float] | None = None,
     ) -> None:
         self.folder = folder
         self.procs: list[subprocess.Popen[bytes]] = []
         steps = 20  # the simulated runner's default
         for i in range(n):
+            scale = (slow or {}).get(i, job_s) / steps
             with (folder / f"worker-{i}.log").open("wb") as err:
                 self.procs.append(
                     subprocess.Popen(
                         [
                             *(sys.executable, "-m", "cubic.cli", "worker", "--url", url),
                             *("--study", str(study_id), "--worker-id", f"w{i}"),
-                            *("--time-scale", str(job_s / steps), "--seed", str(i)),
+                            *("--time-scale", str(scale), "--seed", str(i)),
                             *("--lease-seconds", str(lease_s), "--outbox", str(folder / f"ob{i}")),
                         ],
                         cwd=REPO,
@@ -164,6 +172,25 @@ class Workers:
 
     def log(self, i: int) -> str:
         return (self.folder / f"worker-{i}.log").read_text()
+
+
+def running_by(db_url: str, study_id: int, worker_ids: list[str]) -> dict[int, str]:
+    """The study's running trials held by ``worker_ids``: trial id to worker id."""
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id, worker_id FROM cubic_trial WHERE study_id = :s "
+                    "AND state = 'running'"
+                ),
+                {"s": study_id},
+            ).all()
+    except Exception:  # the database is down: nothing known to be held
+        return {}
+    finally:
+        engine.dispose()
+    return {r.id: r.worker_id for r in rows if r.worker_id in worker_ids}
 
 
 def invariants(db_url: str, study_id: int, budget: int, reported: dict[int, str]) -> list[str]:

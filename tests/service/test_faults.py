@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from cubic.bench.pgcluster import PgCluster, can_run_postgres
 from cubic.client import CubicClient
@@ -20,7 +20,7 @@ from cubic.store.engine import make_engine
 from cubic.store.schema import upgrade
 from tests.requirements import need
 from tests.service.conftest import spec
-from tests.service.faults import Workers, api_process, invariants
+from tests.service.faults import Workers, api_process, invariants, running_by
 from tests.service.faults import wait_for as wait_until
 
 BUDGET = 40
@@ -95,21 +95,46 @@ def test_api_killed_mid_study_16_workers_ride_through(db_url: str, tmp_path: Pat
 
 
 def test_half_the_workers_killed_mid_study(db_url: str, tmp_path: Path) -> None:
-    """SIGKILL of 4 of 8 workers: their leases expire, their trials are retried by the
-    others, and what they reported before they died is kept."""
+    """SIGKILL of 4 of 8 workers, each while it runs a trial: their leases expire, their
+    trials are retried by the others, and what they reported before they died is kept."""
     upgrade(db_url)
+    doomed = [f"w{i}" for i in range(4)]
     with api_process(db_url, tmp_path / "api.log") as api:
         sid = _study(api.url, 8)
-        workers = Workers(api.url, sid, 8, tmp_path, job_s=1.0, lease_s=5)
+        # The doomed workers' jobs take a minute, so each is killed holding a lease (a
+        # worker between leases would leave nothing to reap).
+        slow = dict.fromkeys(range(4), 60.0)
+        workers = Workers(api.url, sid, 8, tmp_path, job_s=1.0, lease_s=5, slow=slow)
         try:
             _mid_study(db_url, sid, 8)
+            wait_until(
+                "each doomed worker to hold a trial",
+                lambda: set(running_by(db_url, sid, doomed).values()) == set(doomed),
+                timeout=300,
+                every=0.3,
+            )
             workers.kill(list(range(4)))
+            orphans = running_by(db_url, sid, doomed)
             codes = workers.wait(timeout=600)
         finally:
             workers.close()
     logs = _logs(workers)
     assert codes[4:] == [0] * 4, logs
-    assert "reaped" in (tmp_path / "api.log").read_text()  # the service says what it did
+    assert len(orphans) == 4, orphans
+    api_log = (tmp_path / "api.log").read_text()
+    assert "reaped" in api_log, api_log[-3000:]  # the service says what it did
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            errors = conn.execute(
+                text("SELECT id, error FROM cubic_trial WHERE id IN :ids").bindparams(
+                    bindparam("ids", expanding=True)
+                ),
+                {"ids": list(orphans)},
+            ).all()
+    finally:
+        engine.dispose()
+    assert {r.id: r.error for r in errors} == dict.fromkeys(orphans, "lease expired")
     everyone = list(range(8))
     assert invariants(db_url, sid, BUDGET, workers.reported(everyone)) == [], logs
 

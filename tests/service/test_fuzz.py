@@ -11,6 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+# Imported here, at the top level: imported lazily deep in a test's stack, its module's
+# compilation can fail with CPython's "AST constructor recursion depth mismatch".
+import schemathesis.specs.openapi.schemas
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
