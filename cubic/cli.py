@@ -717,6 +717,14 @@ def bench_search_cmd(
             help="run each study through a real API process and HTTP workers (SQLite)",
         ),
     ] = False,
+    job_clock: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="with --through-service: wall seconds per simulated second of a job "
+            "(default 0.01; 0: every job returns at once)",
+        ),
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
     plot: Annotated[Path | None, typer.Option(help="convergence plot (PNG)")] = Path(
         "bench_convergence.png"
@@ -739,6 +747,7 @@ def bench_search_cmd(
         console=console,
         through_service=through_service,
         transfer_from=transfer_from,
+        job_clock=job_clock,
     )
 
 

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ from cubic.errors import InvalidInput
 from cubic.objectives import better, objective_values, violations
 from cubic.outcome import Outcome
 from cubic.sim import SimResult, simulate
-from cubic.sim.job import NoiseModel, run_job
+from cubic.sim.job import NoiseModel, job_duration, run_job
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies import REGISTRY, Strategy
 from cubic.study import ResolvedStudy, StrategySpec, load_spec
@@ -83,8 +83,6 @@ DEFAULT_STRATEGIES = ("cubic", "tpe", "random")
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 CHECKPOINTS = (8, 16, 32, 64)
 TARGETS = (0.95, 0.99)
-STARTUP_S = 120.0
-"""Simulated seconds to launch a job (scheduling, container start, NCCL set-up)."""
 
 _EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 Prior = list[tuple[Workload, Trial]]
@@ -301,16 +299,6 @@ def _finished(t: Trial, outcome: Outcome, study: ResolvedStudy, now: float) -> T
         start=(t.started_at - _EPOCH).total_seconds(),
         end=now,
     )
-
-
-def job_duration(outcome: Outcome, workload: Workload) -> float:
-    """Simulated seconds a job holds its worker: launch plus every step it ran."""
-    if outcome.state == "complete":
-        hours = float(outcome.metrics.get("gpu_hours", 0.0))
-        return STARTUP_S + hours * 3600.0 / workload.cluster.num_gpus
-    if outcome.state == "failed":
-        return 2.0 * STARTUP_S
-    return STARTUP_S
 
 
 def job_seed(seed: int, number: int) -> int:
@@ -800,11 +788,13 @@ def run_benchmark(
     progress: ProgressFn | None = None,
     noise: NoiseModel | None = None,
     through_service: bool = False,
+    job_clock: float | None = None,
 ) -> BenchResult:
     """Run every strategy on every study for every seed; ``progress(run, done, total)``.
 
     ``through_service``: each run goes through a real API process and HTTP workers
-    (:mod:`cubic.bench.through_service`) instead of the in-process loop."""
+    (:mod:`cubic.bench.through_service`, whose jobs take ``job_clock`` wall seconds per
+    simulated second) instead of the in-process loop."""
     if not studies or not strategies or not seeds:
         raise InvalidInput(
             "the benchmark needs at least one study, strategy and seed", field="studies"
@@ -836,13 +826,16 @@ def run_benchmark(
             "transfer": bool(history),
             "noise": asdict(noise),
             "through_service": through_service,
+            "job_clock": job_clock if through_service else None,
         },
         studies={info.name: info for _, info in loaded},
     )
     total = len(loaded) * len(strategies) * len(seeds)
-    one = run_one
+    one: Callable[..., RunResult] = run_one
     if through_service:
-        from cubic.bench.through_service import run_through_service as one
+        from cubic.bench.through_service import JOB_CLOCK, run_through_service
+
+        one = partial(run_through_service, clock=JOB_CLOCK if job_clock is None else job_clock)
     for study, info in loaded:
         prior = (history or {}).get(study.spec.name)
         for name in strategies:
@@ -928,6 +921,7 @@ def bench_search(
     console: Any = None,
     through_service: bool = False,
     transfer_from: str = "cubic",
+    job_clock: float | None = None,
 ) -> BenchResult:
     """``cubic bench``: run the benchmark, print its tables, and write JSON and a plot.
 
@@ -984,6 +978,7 @@ def bench_search(
             history=history,
             progress=step,
             through_service=through_service,
+            job_clock=job_clock,
         )
     result.skipped = skipped
     for table in result.tables():

@@ -17,6 +17,20 @@ from cubic.outcome import Outcome
 from cubic.sim import simulate
 from cubic.workload import Workload
 
+STARTUP_S = 120.0
+"""Simulated seconds to launch a job (scheduling, container start, NCCL set-up)."""
+
+
+def job_duration(outcome: Outcome, workload: Workload) -> float:
+    """Simulated seconds a job holds its worker: launch plus every step it ran (an
+    out-of-memory or invalid config dies at launch, a lost node after twice that)."""
+    if outcome.state == "complete":
+        hours = float(outcome.metrics.get("gpu_hours", 0.0))
+        return STARTUP_S + hours * 3600.0 / workload.cluster.num_gpus
+    if outcome.state == "failed":
+        return 2.0 * STARTUP_S
+    return STARTUP_S
+
 
 @dataclass(frozen=True, slots=True)
 class NoiseModel:
