@@ -21,7 +21,7 @@ from cubic.outcome import Outcome
 from cubic.space import SpaceError
 from cubic.store import Store
 from cubic.store.objects import Study, StudyCounts, StudyState, Trial, TrialState
-from cubic.strategies import Strategy, config_key, make_strategy
+from cubic.strategies import Strategy, config_key, make_strategy, strategy_class
 from cubic.study import ResolvedStudy, StudySpec
 from cubic.workload import Workload
 
@@ -437,10 +437,13 @@ class Tuner:
             return 0
         if want is not None and want - counts.waiting <= 0:
             return 0
-        # Propose for all the parallel room at once, as one diverse batch. A background
-        # proposer also keeps a few trials ahead of demand, so that a worker that finishes
-        # finds the next one waiting (leases still run at most max_parallel at once).
-        ahead = -(-b.max_parallel // 8) if self.background_propose else 0
+        # Propose for all the parallel room at once, as one diverse batch. For a strategy
+        # blind to results a background proposer also keeps a few trials ahead of demand, so
+        # that a worker that finishes finds the next one waiting (leases still run at most
+        # max_parallel at once); a learning strategy's trial proposed early would be
+        # proposed without the results that come in meanwhile, so it waits for a free slot.
+        blind = strategy_class(self.resolved(study_id).spec.strategy.name).blind
+        ahead = -(-b.max_parallel // 8) if self.background_propose and blind else 0
         room = b.max_parallel + ahead - counts.active
         return max(0, min(b.max_trials - counts.proposed, room))
 

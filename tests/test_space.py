@@ -532,7 +532,7 @@ DLRM_NAMES = [
 @pytest.mark.parametrize(
     ("path", "context", "names", "derived"),
     [
-        (LLM_FILE, LLM_CONTEXT, LLM_NAMES, ("dp", "num_microbatches")),
+        (LLM_FILE, LLM_CONTEXT, LLM_NAMES, ("dp", "num_microbatches", "embedding_loss_in_split")),
         (DLRM_FILE, DLRM_CONTEXT, DLRM_NAMES, ("global_batch",)),
     ],
 )

@@ -2,8 +2,9 @@
 
 Each (study, strategy, seed) run starts a real API process (uvicorn on a fresh SQLite file,
 with the background fitting and proposing of production), creates the study over HTTP, and
-runs ``workers`` simulated workers (the real :class:`cubic.worker.Worker` with the ``simulated`` runner, noise on) that lease, heartbeat
-and report over HTTP until the budget is spent. A job holds its worker ``clock`` wall
+runs ``workers`` simulated workers (the real :class:`cubic.worker.Worker` with the
+``simulated`` runner, noise on) that lease, heartbeat and report over HTTP until the budget
+is spent. A job holds its worker ``clock`` wall
 seconds per second it would hold the cluster (launch plus steps, as the in-process loop's
 simulated clock counts them), so that jobs end in the same order as there: an out-of-memory
 config first, a fast one before a slow one. ``clock=0`` returns every job at once, the

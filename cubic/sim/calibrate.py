@@ -4,9 +4,10 @@
 that others published: Megatron-LM on A100 (Narayanan et al. SC21) and H100 (Megatron-Core),
 Korthikanti et al. 2022, NVIDIA NeMo 24.07 with FP8, and the TorchRec DLRM reference. Each
 row becomes a workload and a configuration; where a row leaves a setting empty, the
-configuration takes what that source's framework did by default at the time, so the model
-is judged on the runs as they ran. :func:`validate` reports the error per row and the mean
-absolute percentage error per source; :func:`memory_check` compares the memory model with
+configuration takes what the row's ``framework`` did by default at the time (a row that
+names none: current Megatron-Core/NeMo), so the model is judged on the runs as they ran.
+:func:`validate` reports the error per row and the mean absolute percentage error per
+source; :func:`memory_check` compares the memory model with
 the per-GPU figures Korthikanti et al. publish.
 """
 
@@ -23,65 +24,63 @@ import numpy as np
 from cubic.sim.llm import GIB, simulate_llm
 from cubic.workload import LLM, Cluster, Training, Workload
 
-#: Framework defaults of each source for settings a row leaves empty or does not list,
-#: matched by a substring of the row's ``source``; the first match wins.
-#: - Megatron-LM 2021 (SC21) and Korthikanti et al. 2022: plain DDP (no distributed
+#: Framework defaults for settings a row leaves empty, by the row's ``framework`` column:
+#: - ``megatron-lm-2021`` (SC21) and ``korthikanti-2022``: plain DDP (no distributed
 #:   optimizer), no flash attention (it did not exist yet), no communication overlap.
 #:   FP16 gradients are reduced in FP16 (Megatron-LM's default for FP16), except that
 #:   Korthikanti et al. count fp32 main gradients (18 bytes per parameter on every rank).
-#: - Megatron-Core (2024 README): distributed optimizer, fp32 gradient reduction (Megatron's
-#:   default for BF16), flash attention, DP/TP overlap on as the README states.
-#: - NeMo 24.07: Megatron-Core's distributed optimizer with ``grad_sync_dtype: bf16``,
+#: - ``megatron-core-0.8`` (2024 README): distributed optimizer, fp32 gradient reduction
+#:   (Megatron's default for BF16), flash attention, DP/TP overlap on as the README states.
+#: - ``nemo-24.07``: Megatron-Core's distributed optimizer with ``grad_sync_dtype: bf16``,
 #:   flash attention, userbuffers TP overlap and DP overlap on, as its recipes set.
-SOURCE_DEFAULTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    (
-        "Megatron-Core",
-        {
-            "zero_stage": 1,
-            "flash_attention": True,
-            "fp32_grads": True,
-            "overlap_grad_reduce": True,
-            "overlap_param_gather": True,
-            "tp_comm_overlap": True,
-            "sequence_parallel": True,
-            "recompute": "none",
-        },
-    ),
-    (
-        "Megatron-LM README 2021",
-        {
-            "zero_stage": 0,
-            "flash_attention": False,
-            "sequence_parallel": False,
-            "recompute": "full",
-        },
-    ),
-    (
-        "Korthikanti",
-        {
-            "zero_stage": 0,
-            "flash_attention": False,
-            "fp32_grads": True,
-            "sequence_parallel": False,
-            "recompute": "none",
-        },
-    ),
-    (
-        "NeMo",
-        {
-            "zero_stage": 1,
-            "flash_attention": True,
-            "fp32_grads": False,
-            "overlap_grad_reduce": True,
-            "overlap_param_gather": True,
-            "tp_comm_overlap": True,
-            "sequence_parallel": False,
-            "recompute": "none",
-        },
-    ),
-)
-#: For a source not listed: Megatron-Core's defaults (the simulator's own).
-GENERIC_DEFAULTS: dict[str, Any] = {"flash_attention": True, "recompute": "none"}
+FRAMEWORK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "megatron-core-0.8": {
+        "zero_stage": 1,
+        "flash_attention": True,
+        "fp32_grads": True,
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
+        "tp_comm_overlap": True,
+        "sequence_parallel": True,
+        "recompute": "none",
+    },
+    "megatron-lm-2021": {
+        "zero_stage": 0,
+        "flash_attention": False,
+        "sequence_parallel": False,
+        "recompute": "full",
+    },
+    "korthikanti-2022": {
+        "zero_stage": 0,
+        "flash_attention": False,
+        "fp32_grads": True,
+        "sequence_parallel": False,
+        "recompute": "none",
+    },
+    "nemo-24.07": {
+        "zero_stage": 1,
+        "flash_attention": True,
+        "fp32_grads": False,
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
+        "tp_comm_overlap": True,
+        "sequence_parallel": False,
+        "recompute": "none",
+    },
+    "torchrec": {},
+}
+#: A run that names no framework: what current Megatron-Core and NeMo releases do unless
+#: told otherwise (the distributed optimizer, gradient-reduce and parameter-gather overlap,
+#: sequence parallelism with TP and userbuffers TP overlap, flash attention, no recompute).
+CURRENT_DEFAULTS: dict[str, Any] = {
+    "zero_stage": 1,
+    "flash_attention": True,
+    "overlap_grad_reduce": True,
+    "overlap_param_gather": True,
+    "tp_comm_overlap": True,
+    "sequence_parallel": True,
+    "recompute": "none",
+}
 
 #: Korthikanti et al. 2022 (Figure 7 / Table 5 configurations), GiB per A100: weights and
 #: optimizer state, activations without recomputation (TP only), activations with sequence
@@ -120,12 +119,14 @@ def _flag(row: Mapping[str, Any], key: str) -> bool | None:
     return str(v).strip().lower() in ("true", "1", "yes")
 
 
-def source_defaults(source: str) -> dict[str, Any]:
-    """The framework defaults that apply to rows from ``source``."""
-    for key, defaults in SOURCE_DEFAULTS:
-        if key.lower() in source.lower():
-            return dict(defaults)
-    return dict(GENERIC_DEFAULTS)
+def framework_defaults(framework: str | None) -> dict[str, Any]:
+    """The defaults that apply to a row of ``framework`` (empty: current Megatron-Core)."""
+    if not framework:
+        return dict(CURRENT_DEFAULTS)
+    if framework not in FRAMEWORK_DEFAULTS:
+        known = ", ".join(sorted(FRAMEWORK_DEFAULTS))
+        raise ValueError(f"unknown framework {framework!r}; known: {known} (or empty)")
+    return dict(FRAMEWORK_DEFAULTS[framework])
 
 
 def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
@@ -133,7 +134,8 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
 
     DLRM rows are handed to :func:`cubic.sim.dlrm.row_case`. For LLM rows, empty cells take
     the source framework's defaults (micro-batch 1, one virtual stage, recomputation and
-    sequence parallelism as in :data:`SOURCE_DEFAULTS`); ``precision: fp8`` turns on FP8 for
+    sequence parallelism as in :data:`FRAMEWORK_DEFAULTS`, or :data:`CURRENT_DEFAULTS` for a
+    row that names no framework); ``precision: fp8`` turns on FP8 for
     every GEMM site but the LM head (Transformer Engine's recipe), with BF16 elsewhere.
     """
     if row.get("workload") == "dlrm":
@@ -159,7 +161,7 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
         cluster=Cluster(str(row["gpu"]), _int(row, "num_gpus"), _int(row, "gpus_per_node", 8)),
         training=Training(global_batch=_int(row, "global_batch"), precision=train_prec),
     )
-    cfg = source_defaults(str(row.get("source") or ""))
+    cfg = framework_defaults(str(row.get("framework") or ""))
     cfg.update(
         tp=_int(row, "tp", 1),
         pp=_int(row, "pp", 1),
@@ -321,8 +323,9 @@ def report(result: Mapping[str, Any] | None = None) -> str:
 
 
 __all__ = [
+    "CURRENT_DEFAULTS",
+    "FRAMEWORK_DEFAULTS",
     "KORTHIKANTI_MEMORY_GIB",
-    "SOURCE_DEFAULTS",
     "load_rows",
     "memory_check",
     "predict",

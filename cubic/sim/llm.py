@@ -113,6 +113,11 @@ FP8_CAST_BYTES = 3.0
 OPT_STEP_BYTES = {"adam": 34.0, "adagrad": 26.0, "rowwise_adagrad": 22.0, "sgd": 22.0}
 #: Optimizer state per parameter: fp32 master weights + states (Rajbhandari et al. 2020).
 OPT_STATE_BYTES = {"adam": 12.0, "adagrad": 8.0, "rowwise_adagrad": 4.0, "sgd": 8.0}
+#: FSDP2 keeps fp32 sharded parameters (the optimizer's master copy), fp32 sharded gradients
+#: and Adam's two fp32 moments: 16 bytes per parameter, all sharded; it gathers BF16 weights
+#: and reduce-scatters FP32 gradients (torchtitan's mixed-precision defaults).
+FSDP_STATE_BYTES = 16.0
+FSDP_REDUCE_BYTES = 4.0
 #: Megatron's DDP gradient bucket (parameters); the last bucket's reduction is never hidden.
 DP_BUCKET_PARAMS = 40e6
 #: Logit bytes held at the loss: bf16 logits and their fp32 copy (Megatron-LM cross entropy).
@@ -152,6 +157,18 @@ DEFAULTS: dict[str, Any] = {
     "overlap_grad_reduce": False,
     "overlap_param_gather": False,
     "tp_comm_overlap": False,
+    # Uneven pipeline stages (Megatron-Core): transformer layers on the first and on the last
+    # pipeline rank (None: an even split), or the embedding and the loss each counted as one
+    # layer of the split (account_for_embedding/loss_in_pipeline_split).
+    "first_stage_layers": None,
+    "last_stage_layers": None,
+    "embedding_loss_in_split": False,
+    # PyTorch FSDP2 (torchtitan, Megatron-Core's torch_fsdp2): 'none', 'full' (shard over all
+    # data-parallel ranks) or 'hybrid' (HSDP: shard within groups of ``fsdp_shard`` ranks,
+    # one node's by default, replicate across them). Replaces zero_stage when on.
+    "fsdp": "none",
+    "fsdp_shard": None,
+    "fsdp_reshard_after_forward": True,
     # Not in the search spaces by default; the calibration sets them per source.
     "flash_attention": True,
     # None: fp32 main gradients for BF16 (Megatron-LM forces them), 16-bit ones for FP16.
@@ -310,6 +327,18 @@ def _recompute_code(recompute) -> np.ndarray:
     return code
 
 
+def _fsdp_code(mode) -> np.ndarray:
+    """0 none, 1 full, 2 hybrid; -1 for a value that is none of these."""
+    r = np.asarray(mode)
+    if r.dtype.kind == "b":
+        return np.where(r, 1, 0).astype(np.int8)
+    code = np.full(r.shape, -1, dtype=np.int8)
+    code[(r == "none") | np.equal(r, None) | (r == "") | (r == False)] = 0  # noqa: E712
+    code[(r == "full") | (r == True)] = 1  # noqa: E712
+    code[r == "hybrid"] = 2
+    return code
+
+
 def _bool(a: np.ndarray) -> np.ndarray:
     if a.dtype == bool:
         return a
@@ -399,6 +428,13 @@ def simulate_llm(
     derived_dp = np.floor(ngpu / np.maximum(t * p * c, 1.0))
     d = _num(arr["dp"], np.nan) if "dp" in arr else derived_dp.copy()
     d = np.where(np.isnan(d), derived_dp, d)
+    nan = np.full(n, np.nan)
+    f_l = _num(arr["first_stage_layers"], np.nan) if "first_stage_layers" in arr else nan
+    l_l = _num(arr["last_stage_layers"], np.nan) if "last_stage_layers" in arr else nan
+    emb_split = _bool(arr["embedding_loss_in_split"])
+    fsdp = _fsdp_code(arr["fsdp"])
+    fsdp_shard = _num(arr["fsdp_shard"], np.nan) if "fsdp_shard" in arr else nan
+    reshard = _bool(arr["fsdp_reshard_after_forward"])
     rc = _recompute_code(arr["recompute"])
     sp = _bool(arr["sequence_parallel"])
     flash = _bool(arr["flash_attention"])
@@ -463,13 +499,8 @@ def simulate_llm(
             (t, np.full(n, kvh)),
         )
     )
-    checks.append(
-        (
-            np.fmod(L, np.maximum(p * v, 1)) != 0,
-            "invalid: pp*vp=%d does not divide %d layers",
-            (p * v, np.full(n, L)),
-        )
-    )
+    stages, stage_checks = _stage_layers(L, p, v, f_l, l_l, emb_split)
+    checks.extend(stage_checks)
     checks.append(
         (
             np.fmod(gb, np.maximum(b * d, 1)) != 0,
@@ -509,6 +540,20 @@ def simulate_llm(
         )
     )
     checks.append((tpo & (t > 1) & ~sp, "invalid: tp_comm_overlap needs sequence_parallel", ()))
+    checks.append((fsdp < 0, "invalid: fsdp must be 'none', 'full' or 'hybrid'", ()))
+    shard_default = np.maximum(np.floor(gpn / np.maximum(t, 1.0)), 1.0)
+    S = np.where(fsdp == 1, d * c, np.where(np.isnan(fsdp_shard), shard_default, fsdp_shard))
+    S = np.where(fsdp >= 1, np.minimum(S, np.maximum(d * c, 1.0)), 1.0)
+    checks.append(
+        (
+            (fsdp == 2) & ((S < 1) | (np.floor(S) != S) | (np.fmod(d * c, np.maximum(S, 1)) != 0)),
+            "invalid: fsdp_shard=%d must divide the %d data-parallel ranks",
+            (S, d * c),
+        )
+    )
+    if E > 1:
+        no_moe = "invalid: fsdp is not modelled with experts (use zero_stage)"
+        checks.append((fsdp >= 1, no_moe, ()))
     valid = np.ones(n, dtype=bool)
     for bad, msg, cols in reversed(checks):
         bad = np.asarray(bad, dtype=bool) & np.ones(n, dtype=bool)
@@ -520,6 +565,9 @@ def simulate_llm(
     one = np.ones(n)
     t, p, c, v, ep, b, d = (np.where(valid, x, 1.0) for x in (t, p, c, v, ep, b, d))
     z = np.where(valid, z, 1.0)
+    fs = valid & (fsdp >= 1)  # FSDP replaces the ZeRO stage
+    z = np.where(fs, 0.0, z)
+    S = np.where(fs, S, 1.0)
     rc = np.where(valid, rc, 0)
     m = gb / (b * d)
     sp = sp & (t > 1)
@@ -538,7 +586,8 @@ def simulate_llm(
     kvd_t = np.maximum(kvh, t) * dh / t  # per-GPU K (or V) width; KV heads replicate
     mats = float(model.mlp_mats)
     T = b * s / c  # tokens per micro-batch per GPU
-    Ls = L / p  # layers per pipeline rank
+    # Transformer layers on the first, a middle and the last pipeline rank.
+    Lf, Lm, Ll = (np.where(valid, x, L / p) for x in stages)
     moe = E > 1
     n_exp_local = np.where(moe, E / ep, 1.0)
 
@@ -639,19 +688,27 @@ def simulate_llm(
         ep_layer = np.zeros(n)
 
     # --- per micro-batch time on the slowest pipeline rank ----------------------------------
-    body_compute = Ls * (layer_fwd + layer_bwd)
     head_compute = head_fwd + head_bwd
-    body_rc = Ls * layer_rc
-    body_tp = Ls * tp_layer
-    body_cp = Ls * cp_layer
-    body_ep = Ls * ep_layer
+    per_layer_t = layer_fwd + layer_bwd + layer_rc + tp_layer + cp_layer + ep_layer
+    # The first rank also holds the head at pp == 1; a middle rank exists at pp > 2.
+    single = np.where(p == 1, 1.0, 0.0)
+    t_first = Lf * per_layer_t + single * head_compute
+    t_mid = np.where(p > 2, Lm * per_layer_t, 0.0)
+    t_last = Ll * per_layer_t + head_compute
+    crit = np.argmax(np.stack([t_first, t_mid, t_last]), axis=0)  # 0 first, 1 middle, 2 last
+    Lc = np.choose(crit, [Lf, Lm, Ll])  # layers on the critical rank
+    head_c = np.where(crit == 2, 1.0, single) * head_compute
+    body_compute = Lc * (layer_fwd + layer_bwd)
+    body_rc = Lc * layer_rc
+    body_tp = Lc * tp_layer
+    body_cp = Lc * cp_layer
+    body_ep = Lc * ep_layer
     # Pipeline sends: forward activation and backward gradient per model chunk boundary.
     bw_p, lat_p = link(gpu, gpn, p, t * c * d)
     p2p = coll.p2p(elem * T * h / t, bw_p, lat_p)
     pp_mb = np.where(p > 1, PP_EXPOSED * 2.0 * v * p2p, 0.0)
-    mb_body = body_compute + body_rc + body_tp + body_cp + body_ep + pp_mb
-    mb_max = mb_body + head_compute
-    mb_avg = mb_body + head_compute / p
+    mb_max = np.maximum(np.maximum(t_first, t_mid), t_last) + pp_mb
+    mb_avg = (L * per_layer_t + head_compute) / p + pp_mb
 
     # --- parameters per GPU -----------------------------------------------------------------
     attn_p, mlp_p = model.layer_params()
@@ -661,13 +718,15 @@ def simulate_llm(
     # The output layer is its own matrix unless tied to the embedding on a single stage
     # (with pp > 1 Megatron keeps a tied copy on the last stage).
     head = np.where((p == 1) & model.tied_embeddings, 0.0, emb)
-    single = np.where(p == 1, 1.0, 0.0)
-    dense_body = Ls * dense_layer / t
-    exp_body = Ls * expert_p / (t * ep)
+    per_dense = dense_layer / t
+    per_exp = expert_p / (t * ep)
+    exp_f, exp_m, exp_l = Lf * per_exp, Lm * per_exp, Ll * per_exp
     # First rank holds the embedding, last rank the LM head (one rank holds both at pp == 1).
-    p_first = dense_body + exp_body + emb + single * head
-    p_last = dense_body + exp_body + head + single * emb
-    p_rank = np.maximum(p_first, p_last)
+    p_first = Lf * per_dense + exp_f + emb + single * head
+    p_mid = np.where(p > 2, Lm * (per_dense + per_exp), 0.0)
+    p_last = Ll * per_dense + exp_l + head + single * emb
+    p_rank = np.maximum(np.maximum(p_first, p_mid), p_last)
+    exp_body = np.maximum(np.maximum(exp_f, np.where(p > 2, exp_m, 0.0)), exp_l)
     p_dense = p_rank - exp_body
 
     # --- data parallel ----------------------------------------------------------------------
@@ -687,8 +746,8 @@ def simulate_llm(
     rs_e, ag_e, ar_e = dp_colls(exp_body, n_edp, bw_e, lat_e) if moe else (0.0, 0.0, 0.0)
     rs, ag, ar_g = rs_d + rs_e, ag_d + ag_e, ar_d + ar_e
     bucket = np.minimum(1.0, DP_BUCKET_PARAMS / np.maximum(p_rank, 1.0))
-    win_bwd = Ls * layer_bwd + head_bwd / p
-    win_fwd = Ls * layer_fwd + head_fwd / p
+    win_bwd = Lc * layer_bwd + head_bwd / p
+    win_fwd = Lc * layer_fwd + head_fwd / p
 
     def hidden(comm, window, on, tail):
         return np.where(on, np.maximum(comm - window, comm * tail), comm)
@@ -698,15 +757,29 @@ def simulate_llm(
         z >= 2, m * hidden(rs, win_bwd, ovl_g, bucket), hidden(grad_once, win_bwd, ovl_g, bucket)
     )
     dp_grad = np.where(
-        z == 3, m * hidden(rs + ag, win_bwd, ovl_g, 1.0 / np.maximum(Ls, 1)), dp_grad
+        z == 3, m * hidden(rs + ag, win_bwd, ovl_g, 1.0 / np.maximum(Lc, 1)), dp_grad
     )
     dp_param = np.where(z == 0, 0.0, hidden(ag, win_fwd, ovl_p, bucket))
-    dp_param = np.where(z == 3, m * hidden(ag, win_fwd, ovl_p, 1.0 / np.maximum(Ls, 1)), dp_param)
+    dp_param = np.where(z == 3, m * hidden(ag, win_fwd, ovl_p, 1.0 / np.maximum(Lc, 1)), dp_param)
     dp_comm = dp_grad + dp_param
+    # FSDP: every micro-batch gathers each layer's weights for forward (and again for backward
+    # after resharding) and reduce-scatters its gradients, prefetched one layer ahead; HSDP
+    # then all-reduces the sharded gradients across the replicas once per step.
+    bw_s, lat_s = link(gpu, gpn, S, t)
+    fs_ag = coll.all_gather(p_rank * elem, S, bw_s, lat_s)
+    fs_rs = coll.reduce_scatter(p_rank * FSDP_REDUCE_BYTES, S, bw_s, lat_s)
+    reps = np.maximum(n_dp / S, 1.0)
+    bw_r, lat_r = link(gpu, gpn, reps, t * S)
+    fs_ar = coll.all_reduce(p_rank / S * FSDP_REDUCE_BYTES, reps, bw_r, lat_r)
+    first = 1.0 / np.maximum(Lc, 1.0)  # the first layer's gather waits for nothing
+    fs_mb = hidden(fs_ag, win_fwd, True, first) + hidden(
+        np.where(reshard, fs_ag, 0.0) + fs_rs, win_bwd, True, first
+    )
+    dp_comm = np.where(fs, m * fs_mb + hidden(fs_ar, win_bwd, True, first), dp_comm)
 
     # --- optimizer --------------------------------------------------------------------------
     opt = workload.training.optimizer
-    shard = np.where(z >= 1, n_dp, 1.0)
+    shard = np.where(fs, S, np.where(z >= 1, n_dp, 1.0))
     eshard = np.where(z >= 1, n_edp, 1.0)
     opt_params = p_dense / shard + exp_body / eshard
     t_opt = opt_params * OPT_STEP_BYTES.get(opt, 34.0) / hbm + STEP_OVERHEAD_S
@@ -732,8 +805,21 @@ def simulate_llm(
         optim = (dense / shard + experts / eshard) * state_b
         return weights, grads, optim
 
-    w_f, g_f, o_f = model_state(p_first - exp_body, exp_body)
-    w_l, g_l, o_l = model_state(p_last - exp_body, exp_body)
+    def fsdp_state(params, weights, grads, optim):
+        """FSDP's (weights, gradients, optimizer state): sharded fp32 parameters, gradients
+        and moments, plus the gathered BF16 layers (the one computing and the one prefetched,
+        or every layer of the rank between forward and backward without resharding) and one
+        layer's unsharded gradient."""
+        layer = np.maximum(dense_layer / t, np.maximum(emb, head))
+        live = np.where(reshard, 2.0 * layer, params)
+        sw = params * 4.0 / S + live * elem
+        sg = params * 4.0 / S + layer * elem
+        so = params * (FSDP_STATE_BYTES - 8.0) / S
+        return (np.where(fs, sw, weights), np.where(fs, sg, grads), np.where(fs, so, optim))
+
+    w_f, g_f, o_f = fsdp_state(p_first, *model_state(p_first - exp_f, exp_f))
+    w_m, g_m, o_m = fsdp_state(p_mid, *model_state(p_mid - exp_m, exp_m))
+    w_l, g_l, o_l = fsdp_state(p_last, *model_state(p_last - exp_l, exp_l))
     fp8_saved = T * 0.0 + (
         site["fp8_qkv"] * h / h_split
         + site["fp8_mlp_in"] * h / h_split
@@ -741,30 +827,41 @@ def simulate_llm(
     ) * (elem / 2.0)
     per_layer = activation_bytes_per_layer(model, T, t, sp, rc, flash, elem, fp8_saved)
     layer_full = activation_bytes_per_layer(model, T, t, sp, 0, flash, elem, fp8_saved)
-    inflight_first = layers_in_flight(L, p, v, m)
-    # The last rank: 1F1B keeps one micro-batch; interleaving keeps (v-1)p + 1 chunks.
+    # Rank r keeps p - r micro-batches in 1F1B, and 2(p - r - 1) + (v - 1) p + 1 model
+    # chunks in the interleaved warm-up (see layers_in_flight), each of its layers / v.
+    inflight_first = layers_in_flight(p * Lf, p, v, m)
+    chunks_mid = np.where(
+        v > 1, np.minimum(m * v, 2.0 * (p - 2.0) + (v - 1.0) * p + 1.0), np.minimum(m, p - 1.0)
+    )
+    inflight_mid = chunks_mid * Lm / v
     chunks_last = np.where(v > 1, np.minimum(m * v, (v - 1.0) * p + 1.0), 1.0)
-    inflight_last = np.where(p > 1, chunks_last * L / (p * v), inflight_first)
+    inflight_last = np.where(p > 1, chunks_last * Ll / v, inflight_first)
     mbs_first = np.where(v > 1, np.minimum(m, p + 1.0), np.minimum(m, p))
     emb_act = mbs_first * T * h / h_split  # embedding dropout mask, 1 byte
     logits = LOGIT_BYTES * T * V / t
     work = np.where(rc == 2, layer_full, 0.0)
     act_f = inflight_first * per_layer + emb_act + work + single * logits
+    act_m = inflight_mid * per_layer + work
     act_l = inflight_last * per_layer + logits + work + single * emb_act
     over_f = MEM_BASE + MEM_FRAG * act_f
+    over_m = MEM_BASE + MEM_FRAG * act_m
     over_l = MEM_BASE + MEM_FRAG * act_l
     tot_f = w_f + g_f + o_f + act_f + over_f
+    tot_m = np.where(p > 2, w_m + g_m + o_m + act_m + over_m, 0.0)
     tot_l = w_l + g_l + o_l + act_l + over_l
-    last_wins = tot_l > tot_f
-    pick = lambda first, last: np.where(last_wins, last, first)  # noqa: E731
+    busiest = np.argmax(np.stack([tot_f, tot_m, tot_l]), axis=0)  # ties: the first rank
+
+    def pick(first, mid, last):
+        return np.choose(busiest, [first * one, mid * one, last * one])
+
     memory = {
-        "weights": pick(w_f, w_l),
-        "grads": pick(g_f, g_l),
-        "optimizer": pick(o_f, o_l),
-        "activations": pick(act_f, act_l),
-        "overhead": pick(over_f, over_l),
+        "weights": pick(w_f, w_m, w_l),
+        "grads": pick(g_f, g_m, g_l),
+        "optimizer": pick(o_f, o_m, o_l),
+        "activations": pick(act_f, act_m, act_l),
+        "overhead": pick(over_f, over_m, over_l),
     }
-    peak = np.where(valid, np.maximum(tot_f, tot_l), 0.0)
+    peak = np.where(valid, np.maximum(np.maximum(tot_f, tot_m), tot_l), 0.0)
     memory = {k: np.where(valid, x, 0.0) for k, x in memory.items()}
     cap = hbm_capacity(gpu)
     fits = valid & (peak <= cap)
@@ -784,7 +881,7 @@ def simulate_llm(
 
     # --- outputs ----------------------------------------------------------------------------
     breakdown = {
-        "compute": m * (body_compute + head_compute),
+        "compute": m * (body_compute + head_c),
         "recompute": m * body_rc,
         "tp_comm": m * body_tp,
         "cp_comm": m * body_cp,
@@ -815,6 +912,79 @@ def simulate_llm(
         breakdown={k: np.where(valid, x * one, 0.0) for k, x in breakdown.items()},
         memory=memory,
     )
+
+
+def _stage_layers(
+    L: int, p: np.ndarray, v: np.ndarray, first: np.ndarray, last: np.ndarray, emb: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], list[tuple[np.ndarray, str, tuple]]]:
+    """Transformer layers on the first, a middle and the last pipeline rank, and the
+    validity checks of the split.
+
+    Megatron-Core's rules: an even split needs ``pp * vp`` to divide the layers; with
+    ``first_stage_layers`` and/or ``last_stage_layers`` the other ranks share the rest
+    evenly; with ``embedding_loss_in_split`` the embedding and the loss each take the place
+    of one layer, so ``pp * vp`` must divide ``layers + 2`` and the first and last ranks hold
+    one layer fewer. Otherwise every rank's layers split evenly into its ``vp`` model chunks.
+    """
+    n = p.shape[0]
+    has_f, has_l = ~np.isnan(first), ~np.isnan(last)
+    uneven = has_f | has_l
+    f0, l0 = np.where(has_f, first, 0.0), np.where(has_l, last, 0.0)
+    others = np.maximum(p - has_f - has_l, 1.0)
+    mid_u = (L - f0 - l0) / others
+    per_rank_e = (L + 2.0) / p
+    even = L / p
+    mid = np.where(uneven, mid_u, np.where(emb, per_rank_e, even))
+    lf = np.where(has_f, first, np.where(emb, per_rank_e - 1.0, mid))
+    ll = np.where(has_l, last, np.where(emb, per_rank_e - 1.0, mid))
+    ll = np.where(p == 1, 0.0, ll)  # one rank: every layer is the first rank's
+    lf = np.where(p == 1, float(L), lf)
+    whole = lambda x: np.fmod(x, np.maximum(v, 1.0)) != 0  # noqa: E731
+    chunked = whole(lf) | whole(ll) | ((p > 2) & whole(mid))
+    plain = ~uneven & ~emb
+    checks: list[tuple[np.ndarray, str, tuple]] = [
+        (
+            plain & (np.fmod(L, np.maximum(p * v, 1)) != 0),
+            "invalid: pp*vp=%d does not divide %d layers (first_stage_layers, "
+            "last_stage_layers or embedding_loss_in_split make an uneven split)",
+            (p * v, np.full(n, L)),
+        ),
+        (
+            (uneven | emb) & (p < 2),
+            "invalid: an uneven pipeline split needs pp>1",
+            (),
+        ),
+        (
+            uneven & emb,
+            "invalid: embedding_loss_in_split and first/last_stage_layers exclude each other",
+            (),
+        ),
+        (
+            uneven
+            & (p >= 2)
+            & ((f0 < 0) | (l0 < 0) | (mid_u < 1) | (mid_u != np.floor(mid_u)))
+            & ~((p == 2) & has_f & has_l & (f0 + l0 == L)),
+            "invalid: the %d layers left after the first and last stages do not split "
+            "evenly over the other pipeline ranks",
+            (L - f0 - l0,),
+        ),
+        (
+            emb & ~uneven & (p >= 2) & (np.fmod(L + 2.0, np.maximum(p * v, 1)) != 0),
+            "invalid: pp*vp=%d does not divide %d layers plus the embedding and the loss",
+            (p * v, np.full(n, L)),
+        ),
+        (
+            uneven & (p >= 2) & chunked,
+            "invalid: a pipeline rank's layers do not split into vp=%d model chunks",
+            (v,),
+        ),
+        (
+            uneven & (((lf < 1) & has_f) | ((ll < 1) & has_l)),
+            "invalid: first_stage_layers and last_stage_layers must be at least 1",
+            (),
+        ),
+    ]
+    return (lf, mid, ll), checks
 
 
 def bench_llm(n: int = 200_000, seed: int = 0) -> float:

@@ -17,17 +17,23 @@ REGISTRY: dict[str, type[Strategy]] = {
 }
 
 
+def strategy_class(name: str) -> type[Strategy]:
+    """The registered strategy called ``name``."""
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise InvalidInput(
+            f"strategy '{name}' is not available; known: {', '.join(sorted(REGISTRY))}",
+            field="strategy.name",
+        )
+    return cls
+
+
 def make_strategy(study: ResolvedStudy) -> Strategy:
     """The strategy a study's spec asks for, built with its seed and options."""
     s = study.spec.strategy
-    cls = REGISTRY.get(s.name)
-    if cls is None:
-        raise InvalidInput(
-            f"strategy '{s.name}' is not available; known: {', '.join(sorted(REGISTRY))}",
-            field="strategy.name",
-        )
+    cls = strategy_class(s.name)
     opts: dict[str, Any] = dict(s.options)
     return cls(study, seed=s.seed, **opts)
 
 
-__all__ = ["REGISTRY", "Proposal", "Strategy", "config_key", "make_strategy"]
+__all__ = ["REGISTRY", "Proposal", "Strategy", "config_key", "make_strategy", "strategy_class"]

@@ -49,6 +49,10 @@ class Strategy(ABC):
     """Proposes configurations of a study's search space from its history."""
 
     name: ClassVar[str]
+    #: Whether a proposal ignores the results (random, Sobol, grid): a service may then
+    #: propose ahead of demand at no cost. A strategy that learns from results is asked only
+    #: when a slot is free, so that each proposal sees every result in by then.
+    blind: ClassVar[bool] = False
 
     def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
         self.study = study

@@ -35,6 +35,7 @@ def grid_points(space: Space, context: dict[str, Any]) -> dict[str, np.ndarray]:
 
 class GridStrategy(Strategy):
     name = "grid"
+    blind = True
 
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         space = self.study.space

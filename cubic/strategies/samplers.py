@@ -197,6 +197,7 @@ class OptunaStrategy(Strategy):
 
 class RandomStrategy(OptunaStrategy):
     name = "random"
+    blind = True
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=seed)
@@ -268,6 +269,7 @@ class QMCStrategy(OptunaStrategy):
     """Scrambled Sobol points: space-filling, blind to results."""
 
     name = "qmc"
+    blind = True
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.QMCSampler(

@@ -36,6 +36,16 @@ def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None
     }
 
 
+@pytest.mark.parametrize("strategy", ["tpe", "cubic"])
+def test_a_learning_strategy_proposes_no_trial_ahead_of_demand(
+    client: TestClient, strategy: str
+) -> None:
+    """Each of its trials waits for a free slot, so that it sees every result in by then."""
+    study = create(client, strategy={"name": strategy, "seed": 0})
+    counts = client.get(f"/v1/studies/{study['id']}").json()["progress"]["counts"]
+    assert counts["waiting"] == 4  # the parallel room, none ahead
+
+
 @pytest.mark.parametrize("media", ["application/yaml", "text/yaml", "application/x-yaml"])
 def test_create_from_yaml(client: TestClient, media: str) -> None:
     text = yaml.safe_dump(spec(name="yaml-study", baseline=BASELINE))

@@ -106,7 +106,9 @@ def test_row_case_fills_the_sources_defaults():
 
 def test_any_csv_in_the_format_is_read(tmp_path):
     src = next(r for r in load_rows() if r["id"] == "kor22-22B-selective")
-    row = dict(src, id="mine", source="my own cluster", micro_batch="", sequence_parallel="")
+    row = dict(
+        src, id="mine", source="my own cluster", framework="", micro_batch="", sequence_parallel=""
+    )
     path = tmp_path / "runs.csv"
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(row))
@@ -114,10 +116,19 @@ def test_any_csv_in_the_format_is_read(tmp_path):
         w.writerow(row)
     rows = load_rows(path)
     _, cfg = row_case(rows[0])
-    assert cfg["micro_batch"] == 1 and cfg["flash_attention"]  # generic defaults
+    # A run that names no framework: current Megatron-Core/NeMo defaults.
+    assert cfg["micro_batch"] == 1 and cfg["flash_attention"] and cfg["zero_stage"] == 1
+    assert cfg["overlap_grad_reduce"] and cfg["overlap_param_gather"]
+    assert cfg["sequence_parallel"] and cfg["tp_comm_overlap"] == (cfg["tp"] > 1)
     out = validate(rows)
     assert out["rows"][0]["id"] == "mine" and out["rows"][0]["predicted"] > 0
     assert set(out["by_source"]) == {"my own cluster"}
+
+
+def test_an_unknown_framework_is_refused_by_name():
+    src = next(r for r in load_rows() if r["id"] == "kor22-22B-selective")
+    with pytest.raises(ValueError, match="unknown framework 'megatron-9'; known: "):
+        row_case(dict(src, framework="megatron-9"))
 
 
 def test_report_lists_every_row(result):

@@ -505,3 +505,117 @@ def test_expert_parallel_shards_experts_and_pays_for_all_to_all():
     saved = (32 / 4) * mlp * (1 - 1 / 8) * 2  # 8 layers per stage, bf16 weights
     assert res.memory["weights"][0] - res.memory["weights"][1] == pytest.approx(saved)
     assert res.fits[1] and not res.fits[0]
+
+
+# --- uneven pipeline stages ----------------------------------------------------------------
+
+
+LLAMA_405B = PRESETS["llama3_405b"]  # 126 layers
+
+
+def test_a_126_layer_model_over_16_stages_needs_an_uneven_split():
+    even, _ = one(LLAMA_405B, tp=8, pp=16, sequence_parallel=True)
+    assert not even.valid[0] and "does not divide 126 layers" in even.reason[0]
+    for cfg in (
+        {"embedding_loss_in_split": True},  # 128 slots: 7 | 8 x 14 | 7
+        {"first_stage_layers": 7, "last_stage_layers": 7},
+        {"embedding_loss_in_split": True, "vp": 2, "micro_batch": 1},
+    ):
+        res, _ = one(LLAMA_405B, tp=8, pp=16, sequence_parallel=True, **cfg)
+        assert res.valid[0], (cfg, res.reason[0])
+        assert 0 < float(res.step_time[0]) < np.inf
+
+
+def test_an_uneven_split_prices_the_busiest_rank():
+    """With 8 layers on each middle rank and 7 plus the LM head on the last, the step costs
+    less than an even 128-layer split (whose last rank carries 8 layers and the head), but
+    not less than 8 layers a rank do (the lighter first and last ranks wait)."""
+    model = LLAMA_405B.model
+    even_128 = replace(LLAMA_405B, model=replace(model, layers=128))
+    ours, _ = one(LLAMA_405B, tp=8, pp=16, sequence_parallel=True, embedding_loss_in_split=True)
+    theirs, _ = one(even_128, tp=8, pp=16, sequence_parallel=True)
+    ratio = float(ours.step_time[0] / theirs.step_time[0])
+    assert 0.85 < ratio < 1.0
+    # Crowding the first rank instead makes it the slowest: a worse step.
+    heavy, _ = one(LLAMA_405B, tp=8, pp=16, sequence_parallel=True, first_stage_layers=21)
+    assert heavy.valid[0], heavy.reason[0]
+    assert heavy.step_time[0] > ours.step_time[0] * 1.5
+
+
+@pytest.mark.parametrize(
+    ("cfg", "reason"),
+    [
+        ({"pp": 1, "first_stage_layers": 4}, "needs pp>1"),
+        ({"first_stage_layers": 9, "last_stage_layers": 9}, "do not split evenly"),
+        ({"first_stage_layers": 7, "embedding_loss_in_split": True}, "exclude each other"),
+        ({"first_stage_layers": 7, "last_stage_layers": 7, "vp": 2}, "vp=2 model chunks"),
+        ({"embedding_loss_in_split": True, "vp": 16}, "plus the embedding and the loss"),
+    ],
+)
+def test_impossible_uneven_splits_are_invalid_and_say_why(cfg, reason):
+    res, _ = one(LLAMA_405B, **{"tp": 8, "pp": 16, **cfg})
+    assert not res.valid[0]
+    assert reason in res.reason[0]
+
+
+def test_the_first_rank_holds_fewer_layers_of_activations_with_a_lighter_first_stage():
+    base = dict(tp=8, pp=16, sequence_parallel=True, recompute="selective")
+    light, _ = one(LLAMA_405B, **base, first_stage_layers=4, last_stage_layers=2)
+    plain, _ = one(LLAMA_405B, **base, embedding_loss_in_split=True)
+    # 120 layers over 14 middle ranks do not split: the 4+2 case is refused...
+    assert not light.valid[0]
+    light, _ = one(LLAMA_405B, **base, first_stage_layers=4, last_stage_layers=10)
+    assert light.valid[0], light.reason[0]  # 112 = 14 x 8
+    # ... and where it is valid, the busiest rank is no longer the first one.
+    assert light.peak_memory[0] <= plain.peak_memory[0] * 1.001
+
+
+# --- FSDP and HSDP -------------------------------------------------------------------------
+
+
+def _llama_8b_8k(gpus: int) -> Workload:
+    m = replace(PRESETS["llama3_8b"].model, seq_len=8192)
+    return Workload("llama3_8b", m, Cluster("h100_sxm", gpus), Training(gpus, precision="bf16"))
+
+
+def test_fsdp_of_llama3_8b_on_8_h100_fits_where_data_parallelism_does_not():
+    """torchtitan trains Llama 3 8B on 8 H100 with FSDP, local batch 1, sequence 8192."""
+    wl = _llama_8b_8k(8)
+    fsdp, _ = one(wl, fsdp="full", recompute="selective")
+    assert fsdp.fits[0], fsdp.reason[0]
+    # 16 bytes of state per parameter, all sharded 8 ways: about 2 bytes each.
+    params = wl.model.params()
+    state = fsdp.memory["optimizer"][0] + fsdp.memory["grads"][0] + fsdp.memory["weights"][0]
+    assert state < 16.0 * params / 8 + 3 * 2**30
+    ddp, _ = one(wl, zero_stage=0, recompute="selective")
+    assert not ddp.fits[0] and "out of memory" in ddp.reason[0]
+
+
+def test_fsdp_communicates_per_micro_batch_and_hsdp_keeps_it_in_the_node():
+    wl = _llama_8b_8k(128)
+    full, _ = one(wl, fsdp="full", recompute="selective")
+    hybrid, _ = one(wl, fsdp="hybrid", recompute="selective")
+    assert full.valid[0] and hybrid.valid[0]
+    # Shards over 8 GPUs of a node instead of 128: more state per GPU...
+    assert hybrid.memory["optimizer"][0] == pytest.approx(16 * full.memory["optimizer"][0])
+    # ... and the gathers run over NVLink, the slow hop only for one all-reduce a step.
+    wl_acc = replace(wl, training=Training(128 * 8, precision="bf16"))  # 8 micro-batches
+    one_mb, _ = one(wl, fsdp="full", recompute="selective")
+    eight, _ = one(wl_acc, fsdp="full", recompute="selective")
+    assert eight.breakdown["dp_comm"][0] > one_mb.breakdown["dp_comm"][0]
+
+
+def test_fsdp_shard_must_divide_the_data_parallel_ranks_and_modes_are_named():
+    wl = _llama_8b_8k(16)
+    bad, _ = one(wl, fsdp="hybrid", fsdp_shard=3)
+    assert not bad.valid[0] and "fsdp_shard=3" in bad.reason[0]
+    odd, _ = one(wl, fsdp="zero3")
+    assert not odd.valid[0] and "fsdp must be" in odd.reason[0]
+
+
+def test_fsdp_without_resharding_keeps_the_gathered_weights():
+    wl = _llama_8b_8k(8)
+    resharded, _ = one(wl, fsdp="full", recompute="selective")
+    kept, _ = one(wl, fsdp="full", recompute="selective", fsdp_reshard_after_forward=False)
+    assert kept.memory["weights"][0] > resharded.memory["weights"][0] + 10 * 2**30
+    assert kept.breakdown["dp_comm"][0] <= resharded.breakdown["dp_comm"][0]
