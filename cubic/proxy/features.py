@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cubic.pipeline import activation_layers, stage_layers
 from cubic.workload import DLRM, LLM, Workload
 
 Configs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
@@ -50,6 +51,11 @@ LLM_DEFAULTS: dict[str, Any] = {
     "fp8_mlp_in": False,
     "fp8_mlp_out": False,
     "fp8_lm_head": False,
+    "first_stage_layers": None,
+    "last_stage_layers": None,
+    "embedding_loss_in_split": False,
+    "fsdp": "none",
+    "fsdp_shard": None,
 }
 #: TorchRec's usual choices for knobs a configuration does not name.
 DLRM_DEFAULTS: dict[str, Any] = {
@@ -394,6 +400,13 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     micro = np.maximum(gb / (mb * dp), 1.0)  # micro-batches per step
     tokens = mb * s / cp  # tokens of one micro-batch on one GPU
     layers_rank = m.layers / pp
+    lf, lm, ll = stage_layers(
+        m.layers,
+        pp,
+        _num(a["first_stage_layers"], np.nan),
+        _num(a["last_stage_layers"], np.nan),
+        _bool(a["embedding_loss_in_split"]) > 0,
+    )
 
     # Weights per GPU: local layers split by tp (experts also by ep), plus the embedding or LM
     # head (both on one rank without pipelining, unless tied).
@@ -401,7 +414,12 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     dense = attn + 4.0 * h + (0.0 if m.experts > 1 else mlp)
     expert = mlp if m.experts > 1 else 0.0
     n_emb = np.where((pp == 1) & (not m.tied_embeddings), 2.0, 1.0)
-    params = layers_rank * (dense + expert / ep) / tp + n_emb * V * h / tp
+    # On the busiest rank: the first holds the embedding, the last the LM head.
+    per_layer = (dense + expert / ep) / tp
+    params = np.maximum(
+        np.maximum(lf * per_layer + n_emb * V * h / tp, np.where(pp > 2, lm * per_layer, 0.0)),
+        np.where(pp > 1, ll * per_layer + V * h / tp, 0.0),
+    )
     # Model state (Megatron mixed precision): 2-byte weights, 4-byte main grads, optimizer
     # state; ZeRO-1 shards the optimizer over dp*cp, ZeRO-2 also grads, ZeRO-3 also weights.
     shard = dp * cp
@@ -411,20 +429,28 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         + params * 4.0 / np.where(zero >= 2, shard, 1.0)
         + params * opt_b / np.where(zero >= 1, shard, 1.0)
     )
+    # FSDP (in place of the ZeRO stage): fp32 parameters, gradients and Adam moments, all
+    # sharded over its group (every data-parallel rank, or a node's for HSDP), plus the
+    # gathered BF16 layer being computed and the one prefetched.
+    fsdp = a["fsdp"].astype(str)
+    group = _num(a["fsdp_shard"], np.nan)
+    node = np.maximum(np.floor(wl.cluster.gpus_per_node / tp), 1.0)
+    group = np.where(fsdp == "full", shard, np.where(np.isnan(group), node, group))
+    group = np.clip(group, 1.0, shard)
+    gathered = 2.0 * np.maximum(dense / tp, V * h / tp) * 2.0
+    state = np.where((fsdp == "full") | (fsdp == "hybrid"), params * 16.0 / group + gathered, state)
     # Activations per layer per micro-batch (Korthikanti et al. 2022 with flash attention):
     # 34 s b h / t bytes with sequence parallelism, s b h (10 + 24 / t) without; full
     # recompute keeps only the layer input, 2 s b h (/ t with sequence parallelism).
     layer_token = np.where(sp > 0, 34.0 * h / tp, h * (10.0 + 24.0 / tp))
     per_token = np.where(full > 0, 2.0 * h / np.where(sp > 0, tp, 1.0), layer_token)
     act_mb = tokens * per_token * layers_rank
-    # The first stage holds min(pp, m) micro-batches (1F1B); interleaving adds
-    # (pp - 1) / (pp vp) of a stage's layers (Narayanan et al. SC21).
-    in_flight = np.where(
-        vp > 1, np.minimum(micro, pp) * (1.0 + (pp - 1.0) / (pp * vp)), np.minimum(micro, pp)
-    )
+    # The busiest rank's layers in flight: min(pp, m) micro-batches of the first stage in
+    # 1F1B, more chunks with interleaving, the other ranks' with an uneven split.
+    in_flight = activation_layers(lf, lm, ll, pp, vp, micro)
     logits = 6.0 * tokens * V / tp  # bf16 logits and their fp32 copy at the loss
     # Full recompute rebuilds one layer's activations at a time during the backward pass.
-    act_peak = act_mb * in_flight + np.where(full > 0, tokens * layer_token, 0.0)
+    act_peak = tokens * per_token * in_flight + np.where(full > 0, tokens * layer_token, 0.0)
     memory = state + act_peak + logits
     hbm = g.hbm_bytes
 

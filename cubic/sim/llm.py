@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from cubic.hardware import GPU
+from cubic.pipeline import stage_layers
 from cubic.sim import collectives as coll
 from cubic.sim.arrays import as_arrays
 from cubic.sim.result import SimResult
@@ -930,15 +931,7 @@ def _stage_layers(
     has_f, has_l = ~np.isnan(first), ~np.isnan(last)
     uneven = has_f | has_l
     f0, l0 = np.where(has_f, first, 0.0), np.where(has_l, last, 0.0)
-    others = np.maximum(p - has_f - has_l, 1.0)
-    mid_u = (L - f0 - l0) / others
-    per_rank_e = (L + 2.0) / p
-    even = L / p
-    mid = np.where(uneven, mid_u, np.where(emb, per_rank_e, even))
-    lf = np.where(has_f, first, np.where(emb, per_rank_e - 1.0, mid))
-    ll = np.where(has_l, last, np.where(emb, per_rank_e - 1.0, mid))
-    ll = np.where(p == 1, 0.0, ll)  # one rank: every layer is the first rank's
-    lf = np.where(p == 1, float(L), lf)
+    lf, mid, ll = stage_layers(L, p, first, last, emb)
     whole = lambda x: np.fmod(x, np.maximum(v, 1.0)) != 0  # noqa: E731
     chunked = whole(lf) | whole(ll) | ((p > 2) & whole(mid))
     plain = ~uneven & ~emb
@@ -962,7 +955,7 @@ def _stage_layers(
         (
             uneven
             & (p >= 2)
-            & ((f0 < 0) | (l0 < 0) | (mid_u < 1) | (mid_u != np.floor(mid_u)))
+            & ((f0 < 0) | (l0 < 0) | (mid < 1) | (mid != np.floor(mid)))
             & ~((p == 2) & has_f & has_l & (f0 + l0 == L)),
             "invalid: the %d layers left after the first and last stages do not split "
             "evenly over the other pipeline ranks",

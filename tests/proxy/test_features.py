@@ -6,6 +6,7 @@ import copy
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -287,3 +288,36 @@ def test_numerics_are_the_reduced_precision_sites() -> None:
     assert llm.tolist() == [[1, 0, 0, 0, 1], [0, 0, 0, 0, 0]]
     with pytest.raises(ValueError):
         numerics_names("cnn")
+
+
+def _memory(wl: Workload, configs: list[dict]) -> np.ndarray:
+    return featurize(wl, configs)[:, feature_names("llm").index("memory_ratio")]
+
+
+def test_the_memory_arithmetic_sizes_the_busiest_rank_of_an_uneven_split():
+    """Llama 3.1 405B over 16 stages with the embedding and loss in the split: 8 layers on a
+    middle rank, 7 and the embedding on the first; the estimate follows the simulator."""
+    wl = replace(PRESETS["llama3_405b"], cluster=Cluster("h100_sxm", 512, 8))
+    cfg = {"tp": 4, "pp": 16, "cp": 4, "sequence_parallel": True, "recompute": "none"}
+    uneven = {**cfg, "embedding_loss_in_split": True}
+    est = _memory(wl, [uneven])[0]
+    sim = sim_llm.simulate_llm(wl, [uneven])
+    truth = sim.peak_memory[0] / wl.gpu.hbm_bytes
+    assert abs(est / truth - 1.0) < 0.06
+    # The whole-model average (126 / 16 layers plus the embedding on every rank) is higher.
+    assert est < _memory(wl, [{**cfg, "pp": 1}])[0]
+
+
+def test_the_memory_arithmetic_knows_fsdp_shards_every_byte_of_state():
+    wl = replace(PRESETS["llama3_8b"], cluster=Cluster("h100_sxm", 8, 8))
+    ddp, full, hybrid = _memory(
+        wl,
+        [
+            {"zero_stage": 0, "recompute": "full"},
+            {"fsdp": "full", "recompute": "full"},
+            {"fsdp": "hybrid", "fsdp_shard": 2, "recompute": "full"},
+        ],
+    )
+    assert full < hybrid < ddp
+    sim = sim_llm.simulate_llm(wl, [{"fsdp": "full", "recompute": "full"}])
+    assert abs(full / (sim.peak_memory[0] / wl.gpu.hbm_bytes) - 1.0) < 0.25
