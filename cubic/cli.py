@@ -200,16 +200,21 @@ def spaces_validate(
         float, typer.Option(min=0.0, max=0.99, help="share of HBM kept free")
     ] = 0.05,
 ) -> None:
-    """Check a search-space file; with --workload, also count its valid configurations and
-    the share the memory estimate says fit on the workload's GPUs."""
+    """Check a search-space file (or a shipped space by name); with --workload, also count
+    its valid configurations and the share the memory estimate says fit on the workload's
+    GPUs. A space with no valid configuration fails, naming the constraints that empty it."""
+    from cubic.shipped import find
     from cubic.space import validate_file
     from cubic.workload import get_workload
 
     wl = get_workload(workload) if workload else None
     ctx = wl.context() if wl is not None else None
-    space = validate_file(file, ctx)
+    space = validate_file(find(file), ctx)
     msg = f"{file}: ok, {len(space.names)} parameters"
     if wl is not None:
+        reason = space.empty_reason(wl.context())
+        if reason is not None:
+            raise InvalidInput(f"{file}: {reason}", field="space")
         from cubic.strategies.candidates import survey, unfit_reason
 
         s = survey(wl, space, limit=1.0 - headroom)

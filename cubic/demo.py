@@ -24,13 +24,14 @@ from cubic.bench.service import free_port
 from cubic.client import CubicClient
 from cubic.errors import CubicError
 from cubic.progress import watch_study
+from cubic.shipped import SHIPPED_DIR
 from cubic.sim.job import run_job
 from cubic.store import Store
 from cubic.store.schema import upgrade
 from cubic.study import StudySpec, load_spec
 from cubic.tuner import Tuner
 
-DEFAULT_STUDY = Path(__file__).resolve().parent.parent / "search_spaces" / "llama3_70b.study.yaml"
+DEFAULT_STUDY = SHIPPED_DIR / "llama3_70b.study.yaml"
 
 
 def run_worker(

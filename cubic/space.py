@@ -53,7 +53,7 @@ import difflib
 import keyword
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -73,6 +73,7 @@ __all__ = [
     "FloatParameter",
     "IntParameter",
     "Parameter",
+    "Removals",
     "Space",
     "SpaceError",
     "validate_file",
@@ -81,12 +82,21 @@ __all__ = [
 MAX_GRID = 10_000_000  # refuse to materialise one parameter's grid beyond this
 MAX_PARAMETERS = 64  # the shipped spaces have about 20; each one is a column of every pool
 MAX_CONDITION_DEPTH = 8  # `when:` of `when:`...: real spaces nest two or three levels
+# Random draws that find no valid configuration before a space too large to enumerate is
+# called empty (a study's survey refuses one where under one draw in a thousand is valid
+# anyway), and the rows enumerated at most to check or explain an empty space.
+EMPTY_DRAWS = 200_000
+EMPTY_ROWS = 1_000_000
 _TOP_KEYS = ("name", "description", "parameters", "derived", "constraints")
 _COMMON_KEYS = ("type", "default", "when", "description")
 
 
 class SpaceError(ValueError):
     """An invalid search space, or a context that does not fit it; the message says where."""
+
+
+class _TooMany(SpaceError):
+    """An enumeration would grow past its ``max_rows``."""
 
 
 def _kind(value: Any) -> str:
@@ -499,6 +509,25 @@ class Constraint:
 
 
 # ----------------------------------------------------------------------------- the space
+
+
+@dataclass(frozen=True)
+class Removals:
+    """What each constraint of a space removes on its own (see :meth:`Space.removals`)."""
+
+    total: int
+    """Configurations before any constraint (random draws when not ``exhaustive``)."""
+    exhaustive: bool
+    """Counted over every configuration, not over random draws."""
+    removed: tuple[int, ...]
+    """Per constraint, in declaration order: how many of ``total`` it alone removes."""
+
+
+def _share(part: int, whole: int) -> str:
+    """A percentage that says 100% only when it is all, and 0% only when it is none."""
+    if part in (0, whole):
+        return f"{part / whole:.0%}"
+    return f"{min(max(part / whole, 0.01), 0.99):.0%}"
 
 
 @dataclass(frozen=True)
@@ -1007,7 +1036,7 @@ class Space:
             grid = p.grid()
             counts = np.where(active, len(grid), 1)
             if max_rows is not None and int(counts.sum()) > max_rows:
-                raise SpaceError(
+                raise _TooMany(
                     f"{self.name}: more than {max_rows:,} configurations to enumerate "
                     f"(at parameter {p.name!r})"
                 )
@@ -1033,6 +1062,99 @@ class Space:
         """The number of valid configurations of a finite space."""
         arrays = self.enumerate_arrays(context)
         return len(arrays[self.names[0]])
+
+    # -- an empty space
+
+    def removals(
+        self,
+        context: Mapping[str, Any],
+        *,
+        max_rows: int = EMPTY_ROWS,
+        draws: int = EMPTY_DRAWS,
+        seed: int = 0,
+    ) -> Removals:
+        """How many configurations each constraint removes when applied alone to what the
+        parameters and their conditions allow: over that whole product when it is finite and
+        has at most ``max_rows`` rows, else over ``draws`` random draws of it."""
+        self.check_context(context)
+        bare = replace(self, constraints=())
+        arrays: dict[str, np.ndarray] | None = None
+        if self.is_finite:
+            try:
+                arrays = bare.enumerate_arrays(context, max_rows=max_rows)
+            except _TooMany:
+                arrays = None
+        exhaustive = arrays is not None
+        if arrays is None:
+            rng = np.random.default_rng(seed)
+            raw = {p.name: p.draw(rng, draws) for p in self.parameters}
+            resolved, keep = bare._resolve(raw, context, draws)
+            arrays = {k: v[keep] for k, v in resolved.items()}
+        n = len(arrays[self.names[0]])
+        env = {**context, **arrays}
+        removed = tuple(
+            n - int(np.count_nonzero(self._mask(c.expr, env, n, f"constraint {j + 1}")))
+            for j, c in enumerate(self.constraints)
+        )
+        return Removals(total=n, exhaustive=exhaustive, removed=removed)
+
+    def _any_valid(self, context: Mapping[str, Any], draws: int, max_rows: int) -> bool | None:
+        """True when a valid configuration exists, False when none does (enumerated), None
+        when ``draws`` random draws found none but the space is too large to enumerate."""
+        rng = np.random.default_rng(0)
+        drawn, batch = 0, 1024  # the first batch settles almost every real space
+        while drawn < draws:
+            size = min(batch, draws - drawn)
+            raw = {p.name: p.draw(rng, size) for p in self.parameters}
+            if self._resolve(raw, context, size)[1].any():
+                return True
+            drawn, batch = drawn + size, batch * 4
+        if not self.is_finite:
+            return None
+        try:
+            arrays = self.enumerate_arrays(context, max_rows=max_rows)
+        except _TooMany:
+            return None
+        return len(arrays[self.names[0]]) > 0
+
+    def empty_reason(
+        self,
+        context: Mapping[str, Any],
+        *,
+        draws: int = EMPTY_DRAWS,
+        max_rows: int = EMPTY_ROWS,
+        top: int = 3,
+    ) -> str | None:
+        """None when the space has a valid configuration for ``context``; else one line that
+        names the constraints removing the most configurations, each applied alone, so that
+        the user sees which rule to loosen instead of a count of zero."""
+        self.check_context(context)
+        found = self._any_valid(context, draws, max_rows)
+        if found:
+            return None
+        head = "no valid configuration for this workload"
+        if found is None:
+            head += f" in {draws:,} random draws"
+        r = self.removals(context, max_rows=max_rows, draws=draws)
+        if r.total == 0:
+            return (
+                f"{head}: the conditions or derived values fail to evaluate for every "
+                "combination of the parameters (a division by zero, say)"
+            )
+        order = sorted(range(len(r.removed)), key=lambda i: -r.removed[i])  # ties: as declared
+        ranked = [i for i in order if r.removed[i] > 0][:top]
+        if not ranked:
+            return f"{head} (check its constraints)"
+        what = "configurations the parameters allow" if r.exhaustive else "random draws"
+        parts = []
+        for i in ranked:
+            c = self.constraints[i]
+            label = repr(c.expr.source) + (f" ({c.message})" if c.message else "")
+            parts.append(f"{label} removes {r.removed[i]:,} ({_share(r.removed[i], r.total)})")
+        return (
+            f"{head}; of the {r.total:,} {what}, the constraints that remove the most, "
+            f"each applied alone: {', '.join(parts)}"
+        )
 
     def _resolve(
         self, raw: dict[str, np.ndarray], context: Mapping[str, Any], n: int

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cubic.errors import InvalidInput
+from cubic.shipped import find
 from cubic.space import Space, SpaceError
 from cubic.workload import Workload, WorkloadError, get_workload
 
@@ -144,14 +145,26 @@ class StudySpec(_Spec):
         try:
             if isinstance(self.space, dict):
                 return Space.from_dict(self.space, source=f"{self.name}: space")
-            return Space.from_yaml(_resolve_path(self.space, base))
+            return Space.from_yaml(find(self.space, base))
         except SpaceError as exc:
             raise InvalidInput(str(exc), field="space") from exc
 
-    def resolve(self, base: Path | None = None) -> ResolvedStudy:
-        """Load the workload and space, check the baseline, and inline both into the spec."""
+    def resolve(self, base: Path | None = None, *, check_space: bool = True) -> ResolvedStudy:
+        """Load the workload and space, check the baseline, and inline both into the spec.
+
+        With ``check_space`` a space that has no valid configuration for the workload is
+        refused here, naming the constraints that empty it, instead of after a fruitless
+        search; a stored study was checked when it was made and is loaded without it.
+        """
         workload = self.load_workload(base)
         space = self.load_space(base)
+        if check_space:
+            try:
+                reason = space.empty_reason(workload.context())
+            except SpaceError as exc:
+                raise InvalidInput(f"space: {exc}", field="space") from exc
+            if reason is not None:
+                raise InvalidInput(f"space: {reason}", field="space")
         if self.baseline is not None:
             params = {k: v for k, v in self.baseline.items() if k not in space.derived_names}
             try:
@@ -184,7 +197,7 @@ class ResolvedStudy:
 
     @classmethod
     def from_stored(cls, spec: dict[str, Any]) -> ResolvedStudy:
-        return parse_spec(spec).resolve()
+        return parse_spec(spec).resolve(check_space=False)
 
 
 def _resolve_path(ref: str, base: Path | None) -> str:
@@ -216,8 +229,9 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
 
 
 def load_spec(path: str | Path) -> tuple[StudySpec, Path]:
-    """Read a study file; returns the spec and the folder relative references resolve from."""
-    path = Path(path)
+    """Read a study file (or a shipped one by name); returns the spec and the folder
+    relative references resolve from."""
+    path = find(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:

@@ -23,8 +23,8 @@ class ServiceSettings(Settings):
     is refitted; ``CUBIC_RETRAIN_INTERVAL_S``: how often the retrainer looks.
     ``CUBIC_DEFAULT_LEASE_S``: the lease length when a worker does not name one.
     ``CUBIC_MAX_PAGE_SIZE``: the largest ``limit`` a list endpoint accepts.
-    ``CUBIC_SPACES_DIR``: where a submitted spec's relative ``space:`` file is looked up
-    when it is not found relative to the server's working directory.
+    ``CUBIC_SPACES_DIR``: where a submitted spec's ``space:`` file name is looked up
+    (then among the spaces cubic ships; nowhere else).
     ``CUBIC_DB_POOL_SIZE`` / ``CUBIC_DB_MAX_OVERFLOW``: database connections per process.
     ``CUBIC_AUTH``: whether requests need an API token (on unless turned off; ``cubic
     serve`` turns it off when it listens on loopback only, and says so).

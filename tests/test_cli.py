@@ -56,6 +56,37 @@ def test_spaces_validate_refuses_a_space_where_nothing_fits(tmp_path: Path) -> N
     assert "GiB per GPU" in line and "allow_unfit" in line
 
 
+def test_spaces_validate_fails_on_a_space_with_no_valid_configuration(tmp_path: Path) -> None:
+    never = tmp_path / "never.yaml"
+    never.write_text(
+        "parameters:\n"
+        "  tp: {type: categorical, choices: [3, 5, 7]}\n"
+        "  micro_batch: {type: categorical, choices: [1, 2]}\n"
+        "constraints:\n"
+        "  - {expr: 'num_gpus % tp == 0', message: tp must divide the GPUs}\n"
+        "  - 'micro_batch > 1'\n"
+    )
+    proc = cubic("spaces", "validate", str(never), "--workload", "llama3_8b", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert not proc.stdout.strip()  # no "ok" line before the refusal
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {never}: no valid configuration for this workload;")
+    first = "'num_gpus % tp == 0' (tp must divide the GPUs) removes 6 (100%)"
+    assert first in line and "'micro_batch > 1' removes 3 (50%)" in line
+    assert line.index(first) < line.index("micro_batch >")
+
+
+def test_spaces_validate_finds_a_shipped_space_by_name_from_any_folder(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", "spaces", "validate", "llm_pretrain.yaml",
+         "--workload", "llama3_8b"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, cwd=tmp_path,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("llm_pretrain.yaml: ok, 16 parameters")
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [

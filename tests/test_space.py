@@ -389,6 +389,96 @@ def test_continuous_space_is_not_enumerable() -> None:
         space.size({})
 
 
+# ----------------------------------------------------------------------------- an empty space
+
+
+def test_removals_count_what_each_constraint_removes_alone(small: Space) -> None:
+    r = small.removals(CTX)
+    total = Space.from_dict({**SMALL, "constraints": []}).size(CTX)
+    alone = [Space.from_dict({**SMALL, "constraints": [c]}).size(CTX) for c in SMALL["constraints"]]
+    assert r.exhaustive and r.total == total
+    assert r.removed == tuple(total - kept for kept in alone)
+    assert all(0 < k < total for k in r.removed)
+
+
+def test_a_space_with_a_valid_config_has_no_empty_reason(small: Space) -> None:
+    assert small.empty_reason(CTX) is None
+    assert Space.from_yaml(LLM_FILE).empty_reason(LLM_CONTEXT) is None
+
+
+def test_an_empty_space_names_the_constraints_that_remove_most(small: Space) -> None:
+    space = Space.from_dict(
+        {
+            **SMALL,
+            "constraints": [
+                "e >= 0",  # removes nothing
+                "g == 2",  # two thirds
+                "a > 10",  # everything
+                {"expr": "b == 'w'", "message": "b must be w"},  # everything
+            ],
+        }
+    )
+    total = Space.from_dict({**SMALL, "constraints": []}).size(CTX)
+    reason = space.empty_reason(CTX, top=3)
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith("no valid configuration for this workload;")
+    assert f"of the {total:,} configurations the parameters allow" in reason
+    a, b, g = (reason.index(s) for s in ("'a > 10'", "(b must be w)", "'g == 2'"))
+    assert a < b < g  # most first; ties in declaration order
+    assert f"'a > 10' removes {total:,} (100%)" in reason
+    assert f"'g == 2' removes {total * 2 // 3:,} (67%)" in reason
+    assert "e >= 0" not in reason
+    assert "g == 2" not in space.empty_reason(CTX, top=2)
+
+
+def test_an_empty_share_says_100_or_0_percent_only_when_it_is() -> None:
+    space = Space.from_dict(
+        {
+            "parameters": {"k": {"type": "int", "low": 1, "high": 1000}},
+            "constraints": ["k <= 1", "k > 1"],
+        }
+    )
+    reason = space.empty_reason({})
+    assert reason is not None
+    assert "'k <= 1' removes 999 (99%)" in reason and "'k > 1' removes 1 (1%)" in reason
+
+
+def test_a_finite_space_is_enumerated_before_it_is_called_empty() -> None:
+    """A single valid config among 100,000 escapes 1,000 random draws, not the enumeration."""
+    rare = {"parameters": {"k": {"type": "int", "low": 1, "high": 100_000}}}
+    assert (
+        Space.from_dict({**rare, "constraints": ["k == 77777"]}).empty_reason({}, draws=1000)
+        is None
+    )
+    reason = Space.from_dict({**rare, "constraints": ["k == 0"]}).empty_reason({}, draws=1000)
+    assert reason is not None and "random draws" not in reason
+    assert "'k == 0' removes 100,000 (100%)" in reason
+
+
+def test_a_continuous_space_is_called_empty_after_its_draws() -> None:
+    space = Space.from_dict(
+        {
+            "parameters": {"lr": {"type": "float", "low": 0.1, "high": 1.0}},
+            "constraints": ["lr > 2", "lr < 0.55"],
+        }
+    )
+    reason = space.empty_reason({}, draws=5000)
+    assert reason is not None
+    assert reason.startswith("no valid configuration for this workload in 5,000 random draws;")
+    assert "of the 5,000 random draws" in reason and "'lr > 2' removes 5,000 (100%)" in reason
+    assert reason.index("'lr > 2'") < reason.index("'lr < 0.55'")
+    r = space.removals({}, draws=5000)
+    assert not r.exhaustive and 2000 < r.removed[1] < 3000  # about half of the range
+
+
+def test_an_empty_space_without_computable_configs_says_so() -> None:
+    space = Space.from_dict(
+        {"parameters": {"k": {"type": "int", "low": 0, "high": 0}}, "derived": {"per": "12 // k"}}
+    )
+    reason = space.empty_reason({})
+    assert reason is not None and "fail to evaluate for every combination" in reason
+
+
 # ----------------------------------------------------------------------------- sampling
 
 

@@ -10,6 +10,7 @@ import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
 from cubic.errors import Forbidden, InvalidInput, NotFound
+from cubic.shipped import SHIPPED_DIR
 from cubic.space import Space, SpaceError
 from cubic.store.objects import StudyState
 from cubic.study import StudySpec, parse_spec
@@ -97,7 +98,7 @@ def parse_body(body: bytes, media: str) -> Any:
 
 def server_side_refs(spec: StudySpec, settings: ServiceSettings) -> StudySpec:
     """The spec with what it names on the server inlined: a ``space:`` file from the
-    server's spaces folder (``CUBIC_SPACES_DIR``) and nothing else, a ``workload:`` preset
+    server's spaces folder (``CUBIC_SPACES_DIR``) or the shipped ones, a ``workload:`` preset
     by name. Nothing else is read from disk: a client must not make the server open its
     files."""
     update: dict[str, Any] = {}
@@ -110,17 +111,11 @@ def server_side_refs(spec: StudySpec, settings: ServiceSettings) -> StudySpec:
             )
         update["workload"] = PRESETS[spec.workload].to_dict()
     if isinstance(spec.space, str):
-        spaces = settings.spaces_dir.resolve()
-        path = (spaces / spec.space).resolve()
-        if (
-            Path(spec.space).is_absolute()
-            or not path.is_relative_to(spaces)
-            or path.suffix not in _FILE_SUFFIXES
-            or not path.is_file()
-        ):
+        path = _space_file(spec.space, settings.spaces_dir)
+        if path is None:
             raise InvalidInput(
-                f"space: no space file {spec.space!r} in the server's spaces folder; "
-                "send the space inline instead",
+                f"space: no space file {spec.space!r} in the server's spaces folder or among "
+                "the shipped spaces; send the space inline instead",
                 field="space",
             )
         try:
@@ -130,11 +125,26 @@ def server_side_refs(spec: StudySpec, settings: ServiceSettings) -> StudySpec:
     return spec.model_copy(update=update)
 
 
+def _space_file(name: str, spaces_dir: Path) -> Path | None:
+    """A space file by name: in the server's spaces folder, else among the spaces cubic
+    ships (so that a server started anywhere knows ``llm_pretrain.yaml``). An absolute
+    name, one that leaves the folder or one that is not YAML or JSON is never read."""
+    if Path(name).is_absolute() or Path(name).suffix not in _FILE_SUFFIXES:
+        return None
+    for folder in (spaces_dir, SHIPPED_DIR):
+        root = folder.resolve()
+        path = (root / name).resolve()
+        if path.is_relative_to(root) and path.suffix in _FILE_SUFFIXES and path.is_file():
+            return path
+    return None
+
+
 _SPEC_OPENAPI = {
     "requestBody": {
         "required": True,
         "description": "The study spec, as in a study file; a `space:` file name is "
-        "looked up in the server's spaces folder (`CUBIC_SPACES_DIR`) only, "
+        "looked up in the server's spaces folder (`CUBIC_SPACES_DIR`), then among the "
+        "shipped spaces, and nowhere else; "
         "a `workload:` name must be a preset.",
         "content": {
             "application/json": {

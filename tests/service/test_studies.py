@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import BASELINE, assert_error, create, run_study, spec
+from service.app import create_app
+from tests.service.conftest import (
+    BASELINE,
+    assert_error,
+    create,
+    run_study,
+    service_settings,
+    spec,
+)
 
 
 def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None:
@@ -245,3 +255,48 @@ def test_a_space_where_nothing_fits_is_refused_and_nothing_is_stored(client: Tes
     assert client.get("/v1/studies").json() == before
     forced = client.post("/v1/studies", json=spec(name="forced", workload=tiny, allow_unfit=True))
     assert forced.status_code == 201, forced.text
+
+
+def test_a_space_with_no_valid_configuration_is_422_naming_its_constraints(
+    client: TestClient,
+) -> None:
+    never = {
+        "parameters": {
+            "tp": {"type": "categorical", "choices": [3, 5, 7]},
+            "micro_batch": {"type": "categorical", "choices": [1, 2]},
+        },
+        "constraints": [
+            {"expr": "num_gpus % tp == 0", "message": "tp must divide the GPUs"},
+            "micro_batch > 1",
+        ],
+    }
+    body = assert_error(
+        client.post("/v1/studies", json=spec(space=never, allow_unfit=True)),
+        422,
+        "InvalidInput",
+        "space",
+    )
+    assert body["detail"].startswith("space: no valid configuration for this workload;")
+    assert "'num_gpus % tp == 0' (tp must divide the GPUs) removes 6 (100%)" in body["detail"]
+    assert "'micro_batch > 1' removes 3 (50%)" in body["detail"]
+    assert client.get("/v1/studies").json()["total"] == 0
+
+
+def test_a_server_started_anywhere_knows_the_shipped_spaces(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """Its own spaces folder first, then the spaces cubic ships; nothing outside either."""
+    with TestClient(create_app(service_settings(migrated_url, spaces_dir=tmp_path))) as c:
+        made = c.post("/v1/studies", json=spec(name="shipped"))
+        assert made.status_code == 201, made.text
+        assert "tp" in made.json()["spec"]["space"]["parameters"]
+        (tmp_path / "llm_pretrain.yaml").write_text(
+            "parameters: {tp: {type: categorical, choices: [1, 2]}}\n"
+        )
+        own = c.post("/v1/studies", json=spec(name="own"))
+        assert own.status_code == 201, own.text
+        assert list(own.json()["spec"]["space"]["parameters"]) == ["tp"]
+        for space in ("../llm_pretrain.yaml", "../pyproject.toml", "bench"):
+            assert_error(
+                c.post("/v1/studies", json=spec(space=space)), 422, "InvalidInput", "space"
+            )

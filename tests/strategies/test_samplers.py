@@ -44,12 +44,12 @@ def _bench(name: str, strategy: str):
 
 @pytest.mark.parametrize(("name", "asks"), [("tpe", 8), ("qmc", 8), ("gp", 2)])
 def test_a_round_asks_the_sampler_once_per_proposal_at_most(name: str, asks: int) -> None:
-    """On a space where most draws break a rule (tp*pp*cp must divide 256, pp*vp the 126
+    """On a space where most draws break a rule (tp*pp*cp must divide 128, pp*vp the 126
     layers...), a draw that breaks one is repaired to the nearest valid config: the sampler
     is asked at most once per proposal, and every proposal is valid and new."""
     if name == "gp":
         pytest.importorskip("torch", reason="strategy 'gp' needs PyTorch")
-    study = _bench("llama3_405b_h200x256", name)
+    study = _bench("llama3_405b_h200x128", name)
     strategy = make_strategy(study)
     rng = np.random.default_rng(1)
     history = [
