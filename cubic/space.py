@@ -1078,12 +1078,7 @@ class Space:
         has at most ``max_rows`` rows, else over ``draws`` random draws of it."""
         self.check_context(context)
         bare = replace(self, constraints=())
-        arrays: dict[str, np.ndarray] | None = None
-        if self.is_finite:
-            try:
-                arrays = bare.enumerate_arrays(context, max_rows=max_rows)
-            except _TooMany:
-                arrays = None
+        arrays = bare._enumerated(context, max_rows)
         exhaustive = arrays is not None
         if arrays is None:
             rng = np.random.default_rng(seed)
@@ -1109,13 +1104,20 @@ class Space:
             if self._resolve(raw, context, size)[1].any():
                 return True
             drawn, batch = drawn + size, batch * 4
+        arrays = self._enumerated(context, max_rows)
+        return None if arrays is None else len(arrays[self.names[0]]) > 0
+
+    def _enumerated(
+        self, context: Mapping[str, Any], max_rows: int
+    ) -> dict[str, np.ndarray] | None:
+        """Every valid configuration, or None when the space is not finite or has more than
+        ``max_rows`` rows to enumerate."""
         if not self.is_finite:
             return None
         try:
-            arrays = self.enumerate_arrays(context, max_rows=max_rows)
+            return self.enumerate_arrays(context, max_rows=max_rows)
         except _TooMany:
             return None
-        return len(arrays[self.names[0]]) > 0
 
     def empty_reason(
         self,

@@ -17,6 +17,7 @@ from tests.service.conftest import (
     service_settings,
     spec,
 )
+from tests.test_study import NEVER
 
 
 def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None:
@@ -260,18 +261,8 @@ def test_a_space_where_nothing_fits_is_refused_and_nothing_is_stored(client: Tes
 def test_a_space_with_no_valid_configuration_is_422_naming_its_constraints(
     client: TestClient,
 ) -> None:
-    never = {
-        "parameters": {
-            "tp": {"type": "categorical", "choices": [3, 5, 7]},
-            "micro_batch": {"type": "categorical", "choices": [1, 2]},
-        },
-        "constraints": [
-            {"expr": "num_gpus % tp == 0", "message": "tp must divide the GPUs"},
-            "micro_batch > 1",
-        ],
-    }
     body = assert_error(
-        client.post("/v1/studies", json=spec(space=never, allow_unfit=True)),
+        client.post("/v1/studies", json=spec(space=NEVER, allow_unfit=True)),
         422,
         "InvalidInput",
         "space",
