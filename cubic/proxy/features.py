@@ -225,6 +225,40 @@ def feature_names(kind: str) -> list[str]:
     return _for_kind(kind, _LLM_NAMES, _DLRM_NAMES)
 
 
+#: The columns a config's memory depends on (its layout and the estimate's terms), not how
+#: fast it runs: a job's reported peak tells about configs close in these, whatever their
+#: overlap flags or communication.
+_LLM_MEMORY = (
+    *(
+        n
+        for n in _LLM_NAMES[: _LLM_NAMES.index("fp8_sites") + 1]
+        if n not in ("tp_comm_overlap", "overlap_grad_reduce")
+    ),
+    "log2_microbatches",
+    "state_gb",
+    "activation_gb_per_microbatch",
+    "activation_gb_peak",
+    "memory_gb",
+    "memory_ratio",
+    "state_ratio",
+    "activation_ratio",
+)
+_DLRM_MEMORY = (
+    *_DLRM_NAMES[: _DLRM_NAMES.index("log2_batch_per_gpu") + 1],
+    "pipeline_sparse",
+    *(f"emb_gb_{c}" for c in TABLE_CLASSES),
+    "emb_hbm_gb",
+    "memory_gb",
+    "memory_ratio",
+)
+
+
+def memory_columns(kind: str) -> np.ndarray:
+    """Indices (into :func:`feature_names`) of the columns memory depends on."""
+    names = feature_names(kind)
+    return np.array([names.index(n) for n in _for_kind(kind, _LLM_MEMORY, _DLRM_MEMORY)])
+
+
 def knows_knobs(kind: str, names: Sequence[str]) -> bool:
     """Whether a space names any knob of the kind's vocabulary: only then do the features'
     arithmetic (memory, bytes moved) say anything about its configs."""

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cubic.objectives import reported_peak_bytes
-from cubic.proxy.features import feature_names
+from cubic.proxy.features import feature_names, memory_columns
 from cubic.runners.contract import OOM_RE
 from cubic.store.objects import Trial, TrialState
 from cubic.workload import Workload
@@ -68,6 +68,8 @@ class MemoryModel:
         shape_sd: float = 0.05,
         noise_sd: float = 0.01,
         oom_margin: float = 0.01,
+        local_sd: float = 0.03,
+        length_scale: float = 2.0,
     ) -> None:
         self.workload = workload
         self.limit = limit
@@ -75,12 +77,16 @@ class MemoryModel:
         self.shape_sd = shape_sd
         self.noise_sd = noise_sd
         self.oom_margin = oom_margin
+        self.local_sd = local_sd
+        self.length_scale = length_scale
         self.n_measured_ = 0
         self.n_oom_ = 0
         self.center_: np.ndarray | None = None
         self.scale_: np.ndarray | None = None
         self.mean_: np.ndarray | None = None
         self.cov_: np.ndarray | None = None
+        self.local_: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._columns = 1 + memory_columns(workload.kind)  # past the design's intercept
 
     # -- fitting ---------------------------------------------------------------------------
     def _design(self, X: np.ndarray) -> np.ndarray:
@@ -118,15 +124,17 @@ class MemoryModel:
                 bounds.append((i, math.log(need / hbm / est[i])))
         self.n_measured_, self.n_oom_ = len(rows), len(bounds)
         d = X.shape[1] if X.ndim == 2 else 0
-        if not rows and not bounds:
-            self.center_ = np.zeros(d)
-            self.scale_ = np.ones(d)
-            self.mean_ = self.cov_ = None
-            return self
         ref = X[[*rows, *(i for i, _ in bounds)]] if reference is None else reference
-        self.center_ = ref.mean(axis=0)
-        spread = ref.std(axis=0)
-        self.scale_ = np.where(spread > 1e-9, spread, np.inf)  # constant columns drop out
+        if len(ref):
+            self.center_ = ref.mean(axis=0)
+            spread = ref.std(axis=0)
+            self.scale_ = np.where(spread > 1e-9, spread, np.inf)  # constant columns drop out
+        else:
+            self.center_, self.scale_ = np.zeros(d), np.ones(d)
+        if not rows and not bounds:
+            self.mean_ = self.cov_ = None
+            self.local_ = None
+            return self
         A_all = self._design(X)
         A = A_all[rows]
         r = np.asarray(targets, dtype=float)
@@ -141,7 +149,33 @@ class MemoryModel:
             r = np.concatenate([r, [b for _, b in low]])
             bounds = [(i, b) for i, b in bounds if (i, b) not in low]
             self._posterior(A, r)
+        self._fit_local(A, r)
         return self
+
+    def _kernel(self, Z1: np.ndarray, Z2: np.ndarray) -> np.ndarray:
+        d2 = np.maximum(
+            (Z1**2).sum(axis=1)[:, None] + (Z2**2).sum(axis=1)[None, :] - 2.0 * Z1 @ Z2.T, 0.0
+        )
+        return self.local_sd**2 * np.exp(-0.5 * d2 / self.length_scale**2)
+
+    def correlation(self, X: np.ndarray, Q: np.ndarray) -> np.ndarray:
+        """How much of what a job at each row of ``Q`` will report about its memory carries
+        to each row of ``X`` (0 to 1): the correlation of the local part of the correction."""
+        if len(X) == 0 or len(Q) == 0:
+            return np.zeros((len(X), len(Q)))
+        c = self._columns
+        return self._kernel(self._design(X)[:, c], self._design(Q)[:, c]) / self.local_sd**2
+
+    def _fit_local(self, A: np.ndarray, r: np.ndarray) -> None:
+        """What the linear correction leaves unexplained at each observation, as a Gaussian
+        process over the standardised memory columns: a config next to a measured one (another
+        overlap flag, say) gets that measurement, not the average error of the study."""
+        assert self.mean_ is not None
+        Z = A[:, self._columns]
+        K = self._kernel(Z, Z) + self.noise_sd**2 * np.eye(len(Z))
+        L = np.linalg.cholesky(K)
+        alpha = np.linalg.solve(L.T, np.linalg.solve(L, r - A @ self.mean_))
+        self.local_ = (Z, L, alpha)
 
     # -- prediction ------------------------------------------------------------------------
     def log_error(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,15 +183,22 @@ class MemoryModel:
         if self.mean_ is None or self.cov_ is None:
             return np.zeros(len(X)), np.full(len(X), math.hypot(self.offset_sd, self.shape_sd))
         A = self._design(X)
+        mean = A @ self.mean_
         var = np.sum((A @ self.cov_) * A, axis=1) + self.noise_sd**2
-        return A @ self.mean_, np.sqrt(var)
+        if self.local_ is not None:
+            Z, L, alpha = self.local_
+            k = self._kernel(A[:, self._columns], Z)
+            v = np.linalg.solve(L, k.T)
+            mean = mean + k @ alpha
+            var = var + np.maximum(self.local_sd**2 - (v**2).sum(axis=0), 0.0)
+        return mean, np.sqrt(var)
 
     def ratio(self, X: np.ndarray) -> np.ndarray:
         """Corrected peak memory per GPU over HBM."""
         est = estimate_ratio(self.workload.kind, X)
         if self.mean_ is None:
             return est
-        return est * np.exp(self._design(X) @ self.mean_)
+        return est * np.exp(self.log_error(X)[0])
 
     def p_fit(self, X: np.ndarray) -> np.ndarray:
         """Probability that each config's peak stays within ``limit`` of HBM."""

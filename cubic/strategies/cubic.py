@@ -14,11 +14,16 @@ proposed. Then two explicit phases:
 2. **Model-guided** rounds: fit the proxy (:class:`cubic.proxy.model.ProxyModel`) on every
    finished trial (this study's and the prior), build a pool of up to ``pool_size``
    runnable candidates (plus mutations of the best trials so far, plus TPE's proposals
-   while the history is small, filtered the same way), score each by an acquisition that
-   combines predicted throughput, its uncertainty, the classifier's probability of running
-   and the memory model's probability of fitting, and choose a diverse batch: after each
-   pick, candidates close to it (in knob-rank space) are penalised, so parallel workers do
-   not all measure the same neighbourhood.
+   while the history is small, filtered the same way), score each by the constrained
+   expected improvement over the best measured value (the proxy's expected gain in log
+   throughput, times the classifier's probability of running and the memory model's
+   probability of fitting; ``acquisition="ucb"`` for an upper bound instead), and choose a
+   diverse batch: after each pick, candidates close to it (in knob-rank space) are
+   penalised, so parallel workers do not all measure the same neighbourhood, and a config
+   whose memory is in doubt waits while a running job close to it in memory will settle
+   that doubt. No prediction is trusted closer than ``ei_floor`` (3 %, the scale of the
+   proxy's error on configs it has not seen), so the improvement a config may bring is
+   never rounded to nothing.
 
 Both phases respect a study's numerical-error bound before any trial breaks it: an additive
 model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
@@ -54,6 +59,9 @@ if TYPE_CHECKING:  # XGBoost loads only when a model is fitted: the API starts f
 Prior = Sequence[tuple[Workload, Trial]]
 
 _TRANSFER_CACHE: dict[str, float] = {}
+#: How a round scores candidates: expected improvement over the best measured value, or an
+#: upper confidence bound (see :meth:`CubicStrategy._guided`).
+ACQUISITIONS = ("ei", "ucb")
 
 
 class CubicStrategy(Strategy):
@@ -86,6 +94,9 @@ class CubicStrategy(Strategy):
         borrowed_kappa: float = 0.0,
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
+        acquisition: str = "ei",
+        ei_floor: float = 0.03,
+        scout_below: float = 0.95,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -110,6 +121,11 @@ class CubicStrategy(Strategy):
         self.borrowed_kappa = borrowed_kappa
         self.memory_slack = memory_slack
         self.memory_power = memory_power
+        if acquisition not in ACQUISITIONS:
+            raise ValueError(f"acquisition must be one of {ACQUISITIONS}, got {acquisition!r}")
+        self.acquisition = acquisition
+        self.ei_floor = ei_floor
+        self.scout_below = scout_below
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
@@ -705,13 +721,36 @@ class CubicStrategy(Strategy):
                 N = np.concatenate([N, numerics(self.study.workload, ex)])
         return pool, X, pos, N
 
+    def _scouted(
+        self,
+        history: Sequence[Trial],
+        X: np.ndarray,
+        p_fit: np.ndarray,
+        Q: np.ndarray,
+        score: np.ndarray,
+    ) -> np.ndarray:
+        """Defer candidates whose memory is in doubt while a job in flight (rows ``Q``) will
+        settle that doubt: a memory risk is scouted by one trial at a time, so that one
+        config over the limit costs one trial, not a batch of its neighbours."""
+        model = self._memory_model(history)
+        risky = p_fit < self.scout_below
+        if not risky.any() or len(Q) == 0:
+            return score
+        Qrisky = model.p_fit(Q) < self.scout_below
+        if not Qrisky.any():
+            return score
+        corr = model.correlation(X[risky], Q[Qrisky]).max(axis=1)
+        out = score.copy()
+        out[risky] = np.where(corr > 0.5, out[risky] * 1e-3, out[risky])
+        return out
+
     def _guided(
         self, history: Sequence[Trial], n: int, seen: set[str], rng: np.random.Generator
     ) -> list[Proposal]:
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
-        from cubic.proxy.features import knows_knobs
+        from cubic.proxy.features import featurize, knows_knobs
 
         pool, X, pos, N = self._pool(history, seen, rng)
         if not pool:  # every runnable config has been tried
@@ -724,10 +763,15 @@ class CubicStrategy(Strategy):
         # Before this study has measured anything, the trees' spread says how the prior
         # workloads disagree, not where this one's optimum may be: rank by the prediction,
         # and let the wider radius below hedge the batch.
-        measured = any(self._value(t)[0] is not None for t in history)
+        values = [v for t in history for v in [self._value(t)[0]] if v is not None]
+        measured = bool(values)
         ucb = mu + (self.kappa if measured else self.borrowed_kappa) * sd
+        gain = np.exp(ucb - ucb.max())
+        if measured and self.acquisition == "ei":
+            floor = np.maximum(sd, self.ei_floor)
+            gain = _expected_improvement(mu, floor, float(np.log(max(values)))) + 1e-12 * gain
         score = (
-            np.exp(ucb - ucb.max())
+            gain
             * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
         )
@@ -738,6 +782,10 @@ class CubicStrategy(Strategy):
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
         radius = self.radius * (1.0 if measured else self.borrowed_radius)
+        running = [t.params for t in history if not t.is_finished]
+        if running:
+            Xr = featurize(self.study.workload, self.study.space.to_arrays(running))
+            score = self._scouted(history, X, p_fit, Xr, score)
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
         for _ in range(min(n, len(pool))):
@@ -751,13 +799,29 @@ class CubicStrategy(Strategy):
                         "value": pred if direction == "maximize" else 1.0 / pred,
                         "log_std": float(sd[j]),
                         "p_feasible": float(p[j]),
+                        "p_fit": float(p_fit[j]),
                         "acquisition": float(score[j]),
                     },
                 )
             )
             dist = np.abs(pos - pos[j]).sum(axis=1)
             score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
+            score = self._scouted(history, X, p_fit, X[j : j + 1], score)
             if fresh[j].any():  # that untested site is now in flight: one trial at a time
                 score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
             score[j] = -1.0
         return out
+
+
+def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """Expected gain in log throughput over ``best`` (Jones et al., 1998), per candidate.
+
+    Multiplied by the probabilities of running and of fitting it is the constrained
+    expected improvement of Gardner et al. (2014): a config near the memory limit that may
+    beat the best is worth its risk, a safe one that cannot beat it is not; an upper bound
+    times those probabilities prefers the safe one whenever its mean is close."""
+    from scipy.special import ndtr
+
+    s = np.maximum(sd, 1e-6)
+    z = (mu - best) / s
+    return s * (np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi) + z * ndtr(z))

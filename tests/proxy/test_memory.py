@@ -119,3 +119,32 @@ def test_reports_from_the_simulated_cluster_cut_the_configs_that_do_not_fit() ->
     corrected = np.mean(model.fits(X[rest]) != truth)
     assert corrected < plain
     assert math.isfinite(corrected)
+
+
+def test_a_measured_config_teaches_its_close_neighbours_exactly() -> None:
+    """The linear correction averages over the study; a config one flag away from a measured
+    one (an overlap flag, which moves no memory) gets that measurement, not the average."""
+    study = _study()
+    configs, X = _near_the_line(study, 400)
+    hbm_gb = study.workload.gpu.hbm_bytes / 1e9
+    est = estimate_ratio("llm", X)
+    rng = np.random.default_rng(3)
+    # Most configs are 5 % under the estimate; one is 3 % over it.
+    error = np.full(len(X), 0.95)
+    odd = int(np.flatnonzero((est > 0.9) & (est < 1.0))[0])
+    error[odd] = 1.03
+    seen = [odd, *rng.choice(np.setdiff1d(np.arange(len(X)), [odd]), 24, replace=False)]
+    trials = [_complete(i, configs[j], est[j] * error[j] * hbm_gb) for i, j in enumerate(seen)]
+    model = MemoryModel(study.workload, limit=0.95).fit(X[seen], trials, reference=X)
+    flag = "overlap_grad_reduce" if "overlap_grad_reduce" in configs[odd] else None
+    assert flag is not None
+    twin = dict(configs[odd], **{flag: not configs[odd][flag]})
+    Xt = featurize(study.workload, [twin])
+    assert estimate_ratio("llm", Xt)[0] == pytest.approx(est[odd])
+    assert model.ratio(Xt)[0] == pytest.approx(est[odd] * 1.03, rel=0.01)
+    assert model.ratio(X[[odd]])[0] == pytest.approx(est[odd] * 1.03, rel=0.005)
+    # Far from it the study's average holds.
+    far = np.setdiff1d(np.arange(len(X)), seen)
+    assert np.median(model.ratio(X[far]) / est[far]) == pytest.approx(0.95, abs=0.01)
+    # The neighbour's outcome is what the scout will tell: strongly correlated.
+    assert model.correlation(Xt, X[[odd]])[0, 0] > 0.5

@@ -235,3 +235,51 @@ def test_one_invalid_trial_rules_out_its_whole_region() -> None:
     # An out-of-memory trial is the memory model's to learn from, not a region rule.
     oom = Trial.detached(99, bad, TrialState.INFEASIBLE, error="CUDA out of memory")
     assert strategy._invalid_regions([*history, oom]) == []
+
+
+def test_expected_improvement_pays_for_a_chance_to_beat_the_best() -> None:
+    from cubic.strategies.cubic import _expected_improvement
+
+    best = 0.0
+    mu = np.array([-0.05, -0.01, 0.02, -0.01])
+    sd = np.array([0.01, 0.01, 0.01, 0.05])
+    ei = _expected_improvement(mu, sd, best)
+    assert np.all(ei >= 0) and ei[0] < ei[1] < ei[2]
+    assert ei[3] > ei[1]  # as likely below the best, but with more room above it
+    # A config 20 % likelier to fail that may beat the best by 2 % is worth more than a
+    # sure one 1 % below it: an upper bound times the probability of running said otherwise.
+    risky, sure = ei[2] * 0.8, ei[1] * 1.0
+    assert risky > sure
+    assert np.exp(mu[2] + 0.01) * 0.8 < np.exp(mu[1] + 0.01) * 1.0
+
+
+def test_a_memory_risk_is_scouted_by_one_trial_at_a_time() -> None:
+    """While a job near the memory limit runs, its close neighbours (same layout, another
+    overlap flag) wait for its report; configs elsewhere and safe ones do not."""
+    study = _study("llama3_405b_h200x128")
+    strategy = CubicStrategy(study, seed=0)
+    base = strategy._candidates()[0]
+    rng = np.random.default_rng(0)
+    history = [
+        _measured(study, base.configs[i], n + 1)
+        for n, i in enumerate(rng.choice(len(base), 24, replace=False))
+    ]
+    model = strategy._memory_model(history)
+    p_fit = model.p_fit(base.X)
+    risky = np.flatnonzero((p_fit > 0.2) & (p_fit < 0.9))
+    safe = np.flatnonzero(p_fit > 0.999)
+    assert len(risky) > 2 and len(safe)
+    scout = base.configs[risky[0]]
+    twin = dict(scout, overlap_grad_reduce=not scout["overlap_grad_reduce"])
+    from cubic.proxy.features import featurize
+
+    X = np.concatenate([featurize(study.workload, [twin]), base.X[[safe[0]]]])
+    corr = model.correlation(base.X[risky], featurize(study.workload, [scout]))[:, 0]
+    elsewhere = risky[corr < 0.1]
+    assert len(elsewhere)
+    X = np.concatenate([X, base.X[elsewhere[:1]]])
+    running = Trial.detached(len(history) + 1, scout, TrialState.RUNNING)
+    score = strategy._scouted(
+        [*history, running], X, model.p_fit(X), featurize(study.workload, [scout]), np.ones(3)
+    )
+    assert score[0] < 0.01 and score[1] == 1.0 and score[2] == 1.0
