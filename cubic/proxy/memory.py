@@ -70,6 +70,7 @@ class MemoryModel:
         oom_margin: float = 0.01,
         local_sd: float = 0.03,
         length_scale: float = 2.0,
+        local_rows: int = 256,
     ) -> None:
         self.workload = workload
         self.limit = limit
@@ -79,6 +80,7 @@ class MemoryModel:
         self.oom_margin = oom_margin
         self.local_sd = local_sd
         self.length_scale = length_scale
+        self.local_rows = local_rows
         self.n_measured_ = 0
         self.n_oom_ = 0
         self.center_: np.ndarray | None = None
@@ -171,11 +173,18 @@ class MemoryModel:
         process over the standardised memory columns: a config next to a measured one (another
         overlap flag, say) gets that measurement, not the average error of the study."""
         assert self.mean_ is not None
+        # A GP costs cubic time in its rows: the newest reports (rows are in the order the
+        # trials finished; OOM bounds come last) keep each round's work bounded.
+        A, r = A[-int(self.local_rows) :], r[-int(self.local_rows) :]
         Z = A[:, self._columns]
         K = self._kernel(Z, Z) + self.noise_sd**2 * np.eye(len(Z))
-        L = np.linalg.cholesky(K)
-        alpha = np.linalg.solve(L.T, np.linalg.solve(L, r - A @ self.mean_))
-        self.local_ = (Z, L, alpha)
+        from scipy.linalg import cho_factor, cho_solve, solve_triangular
+
+        c, low = cho_factor(K, lower=True)
+        alpha = cho_solve((c, low), r - A @ self.mean_)
+        # The inverse factor, once: each prediction's variance is then one matrix product.
+        L_inv = solve_triangular(np.tril(c), np.eye(len(Z)), lower=True)
+        self.local_ = (Z, L_inv, alpha)
 
     # -- prediction ------------------------------------------------------------------------
     def log_error(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,9 +195,9 @@ class MemoryModel:
         mean = A @ self.mean_
         var = np.sum((A @ self.cov_) * A, axis=1) + self.noise_sd**2
         if self.local_ is not None:
-            Z, L, alpha = self.local_
+            Z, L_inv, alpha = self.local_
             k = self._kernel(A[:, self._columns], Z)
-            v = np.linalg.solve(L, k.T)
+            v = L_inv @ k.T
             mean = mean + k @ alpha
             var = var + np.maximum(self.local_sd**2 - (v**2).sum(axis=0), 0.0)
         return mean, np.sqrt(var)
