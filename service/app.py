@@ -37,7 +37,7 @@ from cubic.tuner import Tuner
 from service import errors
 from service.limits import BodyLimit
 from service.metrics import REAPED, observe_proposal, observe_proxy_fit
-from service.routes import health, studies, tokens, trials
+from service.routes import dashboard, health, studies, tokens, trials, ui
 from service.settings import ServiceSettings
 
 log = logging.getLogger("cubic.service")
@@ -272,4 +272,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(studies.router)
     app.include_router(trials.router)
     app.include_router(tokens.router)
+    app.include_router(dashboard.router)
+    ui.install(app)  # the dashboard at /ui
     return app

@@ -587,3 +587,51 @@ class TokenCreated(TokenOut):
 
 class TokensOut(BaseModel):
     tokens: list[TokenOut]
+
+
+# -- dashboard ----------------------------------------------------------------------------
+
+MAX_HISTORY_ERROR = 300
+"""Characters of a trial's error kept in a history (enough to group by)."""
+
+
+class HistoryPoint(BaseModel):
+    """One trial, reduced to what plots need."""
+
+    number: int
+    state: TrialState
+    source: str
+    params: dict[str, Any]
+    value: float | None = Field(description="the first objective's measured value (complete)")
+    predicted: float | None = Field(description="the proxy model's `predicted.value`, if any")
+    gpu_hours: float | None
+    error: str | None = Field(description=f"the first {MAX_HISTORY_ERROR} characters")
+
+
+class HistoryOut(BaseModel):
+    """Every trial of a study in number order, compactly, with the proxy's rank agreement."""
+
+    study_id: int
+    metric: str
+    direction: Literal["maximize", "minimize"]
+    trials: list[HistoryPoint]
+    kendall_tau: float | None = Field(
+        description="Kendall's tau between predicted and measured values of complete trials "
+        "(None with fewer than three such pairs)"
+    )
+    n_predicted: int = Field(description="complete trials with a prediction")
+
+
+class ProxyModelOut(BaseModel):
+    """A stored proxy model version and its measured quality (without the model itself)."""
+
+    workload_kind: str
+    version: int
+    created_at: datetime
+    n_train: int
+    n_features: int
+    metrics: dict[str, Any]
+
+
+class ProxyModelsOut(BaseModel):
+    models: list[ProxyModelOut] = Field(description="by workload kind, oldest version first")

@@ -3,7 +3,7 @@ enqueued configs and imported history."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -31,6 +31,8 @@ from service.schemas import (
 
 router = APIRouter(prefix="/v1", tags=["trials"], responses=API_ERRORS)
 
+TrialOrder = Literal["number", "-number", "finished_at", "-finished_at"]
+
 _LEASE_409 = {
     409: {
         "model": ErrorOut,
@@ -50,10 +52,15 @@ def list_trials(
     state: Annotated[
         list[TrialState] | None, Query(description="keep these states (repeatable)")
     ] = None,
+    order: Annotated[
+        TrialOrder, Query(description="number or finished_at; a leading `-` reverses")
+    ] = "number",
 ) -> TrialPage:
-    """A study's trials in number order."""
+    """A study's trials, in number order unless ``order`` says otherwise."""
     caller.check_study(study_id)
-    items = store.list_trials(study_id, states=state, limit=page.limit, offset=page.offset)
+    items = store.list_trials(
+        study_id, states=state, limit=page.limit, offset=page.offset, order=order
+    )
     counts = store.count_trials(study_id)
     total = sum(n for s, n in counts.items() if state is None or s in state)
     return TrialPage(

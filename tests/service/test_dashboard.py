@@ -1,0 +1,284 @@
+"""The dashboard in a real browser: a real service over a finished simulated study, each
+page loaded by Debian's Chromium (through Playwright), its figures checked against the API.
+
+Screenshots of every page land in the test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.requirements import need
+
+# one worker builds the study and starts the browser for the whole module
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dashboard")]
+
+CHROMIUM = Path(os.environ.get("CUBIC_CHROMIUM", "/usr/bin/chromium"))
+WAIT_MS = 120_000
+"""How long a page may take to show its data (generous: the machine may be busy)."""
+STUDY_TRIALS = 200
+
+
+def _need_browser() -> None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        need("browser", False, "the playwright package is not installed (pip install playwright)")
+    need(
+        "browser",
+        CHROMIUM.is_file() or shutil.which(str(CHROMIUM)) is not None,
+        f"{CHROMIUM} is missing (apt-get install chromium)",
+    )
+
+
+def _run(tuner: Any, path: Path, trials: int, strategy: str | None = None) -> int:
+    """Run a study to its end in this process against the simulated cluster."""
+    from cubic.demo import demo_spec, run_worker
+
+    spec, base = demo_spec(path, trials, 0)
+    if strategy is not None:
+        spec = spec.model_copy(
+            update={"strategy": spec.strategy.model_copy(update={"name": strategy})}
+        )
+    study = tuner.create_study(spec, base)
+    stop = threading.Event()
+    workers = [
+        threading.Thread(target=run_worker, args=(tuner, study.id, f"sim-{i}", 0, stop))
+        for i in range(4)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(600)
+    assert not any(w.is_alive() for w in workers), "the simulated study did not finish"
+    return study.id
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, int]]:
+    """A SQLite file holding a finished proxy-guided study of 200 trials, a finished random
+    one (it meets out-of-memory configurations) and a stored proxy model version."""
+    _need_browser()
+    from cubic.proxy.training import Retrainer
+    from cubic.shipped import SHIPPED_DIR
+    from cubic.store import Store
+    from cubic.store.schema import upgrade
+    from cubic.tuner import Tuner
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'cubic.db'}"
+    upgrade(db)
+    store = Store.create(db)
+    try:
+        tuner = Tuner(store)
+        bench = SHIPPED_DIR / "bench" / "llama3_8b_h100x16.study.yaml"
+        ids = {
+            "cubic": _run(tuner, bench, STUDY_TRIALS),
+            "random": _run(tuner, bench, 60, strategy="random"),
+        }
+        assert Retrainer(store, every=1).maybe_retrain("llm") is not None
+    finally:
+        store.close()
+    return db, ids
+
+
+@pytest.fixture(scope="module")
+def server(studies: tuple[str, dict[str, int]]) -> Iterator[str]:
+    from cubic.bench.service import api_server
+
+    with api_server(studies[0], 1) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.on("requestfailed", lambda r: errors.append(f"{r.url}: {r.failure}"))
+    # nothing may come from outside this service
+    pg.route(
+        "**/*",
+        lambda route: (
+            route.continue_() if route.request.url.startswith("http://127.0.0.1") else route.abort()
+        ),
+    )
+    yield pg
+    context.close()
+    assert not errors, errors
+
+
+def get(base: str, path: str, **params: Any) -> Any:
+    r = httpx.get(f"{base}/v1/{path}", params=params, timeout=60)
+    r.raise_for_status()
+    return r.json()
+
+
+def loaded(page: Any) -> None:
+    page.wait_for_function("Number(document.body.dataset.loaded || 0) >= 1", timeout=WAIT_MS)
+    assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+
+
+def done(counts: dict[str, int]) -> int:
+    return sum(counts[s] for s in ("complete", "infeasible", "failed", "pruned"))
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", "").rstrip("×"))
+
+
+def test_studies_page(server: str, page: Any, tmp_path: Path) -> None:
+    listing = get(server, "studies")
+    page.goto(f"{server}/ui/")
+    loaded(page)
+    rows = page.locator("#studies tbody tr")
+    assert rows.count() == listing["total"] == 2
+    for s in listing["items"]:
+        row = page.locator(f'#studies tbody tr[data-study-id="{s["id"]}"]')
+        p = get(server, f"studies/{s['id']}")["progress"]
+        assert row.locator(".progress").text_content() == f"{done(p['counts'])} / {p['max_trials']}"
+        assert number(row.locator(".best").text_content()) == pytest.approx(
+            p["best_value"], rel=1e-3
+        )
+        best = get(server, f"studies/{s['id']}/best")
+        assert number(row.locator(".speedup").text_content()) == pytest.approx(
+            best["speedup"], abs=1e-3
+        )
+    page.screenshot(path=tmp_path / "studies.png", full_page=True)
+
+
+def test_study_page(
+    server: str, studies: tuple[str, dict[str, int]], page: Any, tmp_path: Path
+) -> None:
+    sid = studies[1]["cubic"]
+    study = get(server, f"studies/{sid}")
+    best = get(server, f"studies/{sid}/best")
+    history = get(server, f"studies/{sid}/history")
+    counts = study["progress"]["counts"]
+    total = sum(counts.values())
+    assert study["state"] == "completed" and done(counts) >= STUDY_TRIALS
+
+    page.goto(f"{server}/ui/study.html?id={sid}")
+    loaded(page)
+    summary = page.locator("#summary")
+    assert int(summary.get_attribute("data-done")) == done(counts)
+    assert int(summary.get_attribute("data-max")) == study["progress"]["max_trials"]
+    assert float(page.locator("#best-line").get_attribute("data-value")) == best["value"]
+
+    # the trials table: one page of 50 through the API, its total the API's
+    assert page.locator("#trials tbody tr").count() == 50
+    assert int(page.locator("#trials-range").get_attribute("data-total")) == total
+    assert page.locator("#trials tbody tr").first.get_attribute("data-number") == "0"
+    page.screenshot(path=tmp_path / "study.png", full_page=True)
+
+    # predicted against measured: the API's tau, and every plot drawn by plotly
+    kendall = page.locator("#kendall")
+    assert int(kendall.get_attribute("data-n")) == history["n_predicted"] > 0
+    assert float(kendall.get_attribute("data-tau")) == pytest.approx(history["kendall_tau"])
+    for plot in ("best-by-trial", "best-by-hours", "predicted-scatter", "parallel"):
+        assert page.locator(f"#{plot} .main-svg").count() > 0, plot
+
+    # the best configuration, as YAML and JSON, is the API's
+    params = best["trial"]["params"]
+    assert yaml.safe_load(page.locator("#best-yaml").text_content()) == params
+    assert json.loads(page.locator("#best-json").text_content()) == params
+
+    # next page, then a state filter, then all trials in reverse number order
+    page.click("#next")
+    page.wait_for_selector('#trials tbody tr[data-number="50"]', timeout=WAIT_MS)
+    page.select_option("#state-filter", "failed")
+    page.wait_for_function(
+        f"document.querySelector('#trials-range').dataset.total === '{counts['failed']}'",
+        timeout=WAIT_MS,
+    )
+    assert page.locator("#trials tbody tr").count() == min(counts["failed"], 50)
+    assert all(
+        s == "failed"
+        for s in page.locator("#trials tbody tr").evaluate_all(
+            "rows => rows.map(r => r.dataset.state)"
+        )
+    )
+    page.select_option("#state-filter", "")
+    page.click('#trials th[data-order="number"]')  # number ascending already: now descending
+    last = max(t["number"] for t in history["trials"])
+    page.wait_for_selector(f'#trials tbody tr:first-child[data-number="{last}"]', timeout=WAIT_MS)
+    page.screenshot(path=tmp_path / "study-sorted.png", full_page=True)
+
+
+def test_infeasible_reasons(
+    server: str, studies: tuple[str, dict[str, int]], page: Any, tmp_path: Path
+) -> None:
+    sid = studies[1]["random"]
+    infeasible = get(server, f"studies/{sid}")["progress"]["counts"]["infeasible"]
+    assert infeasible > 0
+    page.goto(f"{server}/ui/study.html?id={sid}")
+    loaded(page)
+    shown = page.locator("#errors tbody tr td:first-child").all_text_contents()
+    assert sum(int(n) for n in shown) == infeasible
+    assert len(shown) < infeasible  # messages differing only by numbers are grouped
+    assert page.locator("#infeasible-knobs .main-svg").count() > 0
+    page.screenshot(path=tmp_path / "infeasible.png", full_page=True)
+
+
+def test_proxy_page(server: str, page: Any, tmp_path: Path) -> None:
+    models = get(server, "proxy-models")["models"]
+    assert models
+    page.goto(f"{server}/ui/proxy.html")
+    loaded(page)
+    assert page.locator("#models tbody tr").count() == len(models)
+    assert page.locator("#tau-plot .main-svg").count() > 0
+    page.screenshot(path=tmp_path / "proxy.png", full_page=True)
+
+
+def test_plotly_is_served_locally(server: str) -> None:
+    r = httpx.get(f"{server}/ui/assets/plotly.min.js", timeout=60)
+    assert r.status_code == 200 and len(r.content) > 1_000_000
+    assert httpx.get(f"{server}/ui", timeout=60, follow_redirects=True).status_code == 200
+
+
+def test_token_form_when_auth_is_on(
+    studies: tuple[str, dict[str, int]], page: Any, tmp_path: Path
+) -> None:
+    from cubic.bench.service import api_server
+    from cubic.store import Store
+
+    db = studies[0]
+    with Store.create(db) as store:
+        _, secret = store.create_token("dashboard", "reader")
+    with api_server(db, 1, {"CUBIC_AUTH": "true"}) as base:
+        page.goto(f"{base}/ui/")
+        page.wait_for_selector("#auth:not([hidden])", timeout=WAIT_MS)
+        page.screenshot(path=tmp_path / "token.png")
+        page.fill("#token-input", secret)
+        page.click("#token-form button")
+        page.wait_for_function(
+            "document.querySelectorAll('#studies tbody tr').length === 2", timeout=WAIT_MS
+        )
+        assert page.evaluate("sessionStorage.getItem('cubic-token')") == secret
+        page.goto(f"{base}/ui/study.html?id={studies[1]['cubic']}")  # the same tab: kept
+        loaded(page)
+        assert page.locator("#auth").is_hidden()
+        assert page.locator("#trials tbody tr").count() == 50
