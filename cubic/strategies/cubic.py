@@ -61,7 +61,7 @@ Prior = Sequence[tuple[Workload, Trial]]
 _TRANSFER_CACHE: dict[str, float] = {}
 #: How a round scores candidates: expected improvement over the best measured value, or an
 #: upper confidence bound (see :meth:`CubicStrategy._guided`).
-ACQUISITIONS = ("ei", "ucb")
+ACQUISITIONS = ("portfolio", "ei", "ucb")
 
 
 class CubicStrategy(Strategy):
@@ -94,7 +94,7 @@ class CubicStrategy(Strategy):
         borrowed_kappa: float = 0.0,
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
-        acquisition: str = "ei",
+        acquisition: str = "portfolio",
         ei_floor: float = 0.03,
         scout_below: float = 0.95,
         **options: Any,
@@ -766,30 +766,45 @@ class CubicStrategy(Strategy):
         values = [v for t in history for v in [self._value(t)[0]] if v is not None]
         measured = bool(values)
         ucb = mu + (self.kappa if measured else self.borrowed_kappa) * sd
-        gain = np.exp(ucb - ucb.max())
-        if measured and self.acquisition == "ei":
+        gains = {"ucb": np.exp(ucb - ucb.max())}
+        if measured and self.acquisition in ("ei", "portfolio"):
             floor = np.maximum(sd, self.ei_floor)
-            gain = _expected_improvement(mu, floor, float(np.log(max(values)))) + 1e-12 * gain
-        score = (
-            gain
-            * np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+            ei = _expected_improvement(mu, floor, float(np.log(max(values))))
+            gains["ei"] = ei + 1e-12 * gains["ucb"]
+        # The portfolio takes turns: one proposal by expected improvement, the next by the
+        # upper bound (counted over the study's model-guided proposals).
+        turns = (
+            ["ei", "ucb"]
+            if self.acquisition == "portfolio" and "ei" in gains
+            else ["ei" if "ei" in gains and self.acquisition == "ei" else "ucb"]
+        )
+        weight = (
+            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
         )
         bounded, fresh = self._bound_check(history, N)  # fresh: untested sites, per row
         likely = (p >= self.min_feasible) & bounded
-        if np.any(likely):  # spend trials only where the config likely runs
-            score = np.where(likely, score, score * 1e-6)
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
         radius = self.radius * (1.0 if measured else self.borrowed_radius)
         running = [t.params for t in history if not t.is_finished]
-        if running:
-            Xr = featurize(self.study.workload, self.study.space.to_arrays(running))
-            score = self._scouted(history, X, p_fit, Xr, score)
+        Xr = (
+            featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
+        )
+        scores: dict[str, np.ndarray] = {}
+        for name in turns:
+            score = gains[name] * weight
+            if np.any(likely):  # spend trials only where the config likely runs
+                score = np.where(likely, score, score * 1e-6)
+            if Xr is not None:
+                score = self._scouted(history, X, p_fit, Xr, score)
+            scores[name] = score
+        done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
-        for _ in range(min(n, len(pool))):
-            j = int(np.argmax(score))
+        for i in range(min(n, len(pool))):
+            name = turns[(done + i) % len(turns)]
+            j = int(np.argmax(scores[name]))
             pred = float(np.exp(mu[j]))
             out.append(
                 Proposal(
@@ -800,16 +815,19 @@ class CubicStrategy(Strategy):
                         "log_std": float(sd[j]),
                         "p_feasible": float(p[j]),
                         "p_fit": float(p_fit[j]),
-                        "acquisition": float(score[j]),
+                        "acquisition": name,
+                        "score": float(scores[name][j]),
                     },
                 )
             )
             dist = np.abs(pos - pos[j]).sum(axis=1)
-            score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
-            score = self._scouted(history, X, p_fit, X[j : j + 1], score)
-            if fresh[j].any():  # that untested site is now in flight: one trial at a time
-                score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
-            score[j] = -1.0
+            for key, score in scores.items():
+                score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
+                score = self._scouted(history, X, p_fit, X[j : j + 1], score)
+                if fresh[j].any():  # that untested site is now in flight: one trial at a time
+                    score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
+                score[j] = -1.0
+                scores[key] = score
         return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,13 @@ def test_a_memory_risk_is_scouted_by_one_trial_at_a_time() -> None:
         [*history, running], X, model.p_fit(X), featurize(study.workload, [scout]), np.ones(3)
     )
     assert score[0] < 0.01 and score[1] == 1.0 and score[2] == 1.0
+
+
+def test_the_portfolio_takes_turns_between_its_acquisitions() -> None:
+    study = _study("llama3_8b_h100x16")
+    history = _run(study, CubicStrategy(study, seed=0), 16)
+    model = [t.predicted["acquisition"] for t in history if t.predicted["phase"] == "model"]
+    assert model and set(model) == {"ei", "ucb"}
+    assert all(a != b for a, b in itertools.pairwise(model))
+    with pytest.raises(ValueError, match="acquisition"):
+        CubicStrategy(study, seed=0, acquisition="pi")
