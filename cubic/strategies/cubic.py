@@ -17,7 +17,8 @@ proposed. Then two explicit phases:
    while the history is small, filtered the same way), score each by the constrained
    expected improvement over the best measured value (the proxy's expected gain in log
    throughput, times the classifier's probability of running and the memory model's
-   probability of fitting; ``acquisition="ucb"`` for an upper bound instead), and choose a
+   probability of fitting), taking turns with an upper confidence bound times the same
+   probabilities (``acquisition="portfolio"``; ``"ei"`` or ``"ucb"`` alone), and choose a
    diverse batch: after each pick, candidates close to it (in knob-rank space) are
    penalised, so parallel workers do not all measure the same neighbourhood, and a config
    whose memory is in doubt waits while a running job close to it in memory will settle
