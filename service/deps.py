@@ -62,3 +62,8 @@ async def get_page(
 
 
 PageDep = Annotated[Page, Depends(get_page)]
+#: An optional workload-kind filter of a listing.
+KindQuery = Annotated[
+    str | None,
+    Query(max_length=128, pattern=r"^[^\x00]*$", description="workload kind: llm, dlrm"),
+]

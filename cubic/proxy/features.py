@@ -235,13 +235,7 @@ _LLM_MEMORY = (
         if n not in ("tp_comm_overlap", "overlap_grad_reduce")
     ),
     "log2_microbatches",
-    "state_gb",
-    "activation_gb_per_microbatch",
-    "activation_gb_peak",
-    "memory_gb",
-    "memory_ratio",
-    "state_ratio",
-    "activation_ratio",
+    *_LLM_NAMES[_LLM_NAMES.index("state_gb") : _LLM_NAMES.index("activation_ratio") + 1],
 )
 _DLRM_MEMORY = (
     *_DLRM_NAMES[: _DLRM_NAMES.index("log2_batch_per_gpu") + 1],

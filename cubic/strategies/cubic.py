@@ -722,27 +722,20 @@ class CubicStrategy(Strategy):
                 N = np.concatenate([N, numerics(self.study.workload, ex)])
         return pool, X, pos, N
 
-    def _scouted(
-        self,
-        history: Sequence[Trial],
-        X: np.ndarray,
-        p_fit: np.ndarray,
-        Q: np.ndarray,
-        score: np.ndarray,
+    def _deferred(
+        self, history: Sequence[Trial], X: np.ndarray, p_fit: np.ndarray, Q: np.ndarray
     ) -> np.ndarray:
-        """Defer candidates whose memory is in doubt while a job in flight (rows ``Q``) will
-        settle that doubt: a memory risk is scouted by one trial at a time, so that one
-        config over the limit costs one trial, not a batch of its neighbours."""
-        model = self._memory_model(history)
+        """Which candidates wait: those whose memory is in doubt while a job in flight (rows
+        ``Q``) will settle that doubt. A memory risk is scouted by one trial at a time, so
+        that one config over the limit costs one trial, not a batch of its neighbours."""
+        out = np.zeros(len(X), dtype=bool)
         risky = p_fit < self.scout_below
         if not risky.any() or len(Q) == 0:
-            return score
+            return out
+        model = self._memory_model(history)
         Qrisky = model.p_fit(Q) < self.scout_below
-        if not Qrisky.any():
-            return score
-        corr = model.correlation(X[risky], Q[Qrisky]).max(axis=1)
-        out = score.copy()
-        out[risky] = np.where(corr > 0.5, out[risky] * 1e-3, out[risky])
+        if Qrisky.any():
+            out[risky] = model.correlation(X[risky], Q[Qrisky]).max(axis=1) > 0.5
         return out
 
     def _guided(
@@ -792,14 +785,17 @@ class CubicStrategy(Strategy):
         Xr = (
             featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
         )
+        waiting = (
+            self._deferred(history, X, p_fit, Xr)
+            if Xr is not None
+            else np.zeros(len(X), dtype=bool)
+        )
         scores: dict[str, np.ndarray] = {}
         for name in turns:
             score = gains[name] * weight
             if np.any(likely):  # spend trials only where the config likely runs
                 score = np.where(likely, score, score * 1e-6)
-            if Xr is not None:
-                score = self._scouted(history, X, p_fit, Xr, score)
-            scores[name] = score
+            scores[name] = np.where(waiting, score * 1e-3, score)
         done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
         out: list[Proposal] = []
         direction = self.study.spec.objectives[0].direction
@@ -822,9 +818,10 @@ class CubicStrategy(Strategy):
                 )
             )
             dist = np.abs(pos - pos[j]).sum(axis=1)
+            waiting = self._deferred(history, X, p_fit, X[j : j + 1])
             for key, score in scores.items():
                 score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
-                score = self._scouted(history, X, p_fit, X[j : j + 1], score)
+                score = np.where(waiting, score * 1e-3, score)
                 if fresh[j].any():  # that untested site is now in flight: one trial at a time
                     score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
                 score[j] = -1.0

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from cubic.objectives import number, objective_values
 from cubic.store.objects import TrialState
 from service.auth import AnyRole
-from service.deps import StoreDep, StudyId, TunerDep
+from service.deps import KindQuery, StoreDep, StudyId, TunerDep
 from service.schemas import (
     API_ERRORS,
     MAX_HISTORY_ERROR,
@@ -79,10 +79,7 @@ def history(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> HistoryOut:
 def proxy_models(
     caller: AnyRole,
     store: StoreDep,
-    kind: Annotated[
-        str | None,
-        Query(max_length=128, pattern=r"^[^\x00]*$", description="workload kind: llm, dlrm"),
-    ] = None,
+    kind: KindQuery = None,
 ) -> ProxyModelsOut:
     """Stored proxy model versions with their cross-validated and hold-out quality."""
     if caller.token is not None and caller.token.study_id is not None:

@@ -17,7 +17,7 @@ from cubic.study import StudySpec, parse_spec
 from cubic.tuner import Tuner
 from cubic.workload import PRESETS
 from service.auth import AnyRole, Caller, SubmitterRole
-from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TunerDep
+from service.deps import KindQuery, PageDep, SettingsDep, StoreDep, StudyId, TunerDep
 from service.errors import MAX_DEPTH
 from service.schemas import (
     API_ERRORS,
@@ -195,10 +195,7 @@ def list_studies(
     store: StoreDep,
     page: PageDep,
     state: Annotated[StudyState | None, Query()] = None,
-    kind: Annotated[
-        str | None,
-        Query(max_length=128, pattern=r"^[^\x00]*$", description="workload kind: llm, dlrm"),
-    ] = None,
+    kind: KindQuery = None,
 ) -> StudyPage:
     """Studies in creation order (a token limited to one study sees that one)."""
     if caller.token is not None and caller.token.study_id is not None:
