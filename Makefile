@@ -11,6 +11,10 @@ PYTEST_WORKERS ?= 2
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@# a venv made before cubic took xgboost-cpu on Linux: both would own the same files
+	$(BIN)/python -c "import importlib.metadata as m, sys; m.version('xgboost'); \
+		sys.exit(sys.platform not in ('linux', 'win32'))" 2>/dev/null && \
+		$(BIN)/pip uninstall -q -y xgboost xgboost-cpu nvidia-nccl-cu12 || true
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -523,7 +525,7 @@ def sim_bench(
 @app.command("serve")
 def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port")] = 8000,
+    port: Annotated[int, typer.Option(envvar="CUBIC_PORT", help="port")] = 8000,
     db: DbOpt = None,
     auth: Annotated[
         bool | None,
@@ -532,8 +534,17 @@ def serve(
             help="require API tokens (default: on, unless it listens on loopback only)",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=256,
+            envvar="CUBIC_API_WORKERS",
+            help="API processes (uvicorn workers) sharing the port; /metrics sums them all",
+        ),
+    ] = 1,
 ) -> None:
-    """Start the API on the configured database (one process; see README for more)."""
+    """Start the API on the configured database (one process, or ``--workers`` of them)."""
     import ipaddress
     import os
 
@@ -569,7 +580,42 @@ def serve(
         check_schema(engine)  # refuse to start on an out-of-date schema, naming the command
     finally:
         engine.dispose()
-    uvicorn.run(create_app(settings), host=host, port=port)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port)
+        return
+    # Each worker process builds its app from the environment: hand it what was decided here.
+    os.environ["CUBIC_DATABASE_URL"] = settings.database_url
+    os.environ["CUBIC_AUTH"] = "true" if settings.auth else "false"
+    with _metrics_folder():
+        uvicorn.run("service.app:create_app", factory=True, host=host, port=port, workers=workers)
+
+
+@contextmanager
+def _metrics_folder() -> Iterator[None]:
+    """A ``PROMETHEUS_MULTIPROC_DIR`` for the API processes, empty when they start (counts
+    of an earlier run would be added to theirs): the given one emptied of its ``*.db``
+    files, else a temporary folder removed at the end."""
+    import os
+    import shutil
+    import tempfile
+
+    from service.metrics import MULTIPROC_ENV
+
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        folder = Path(given)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.db"):
+            stale.unlink()
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cubic-metrics-"))
+    os.environ[MULTIPROC_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        del os.environ[MULTIPROC_ENV]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @app.command("submit")
@@ -624,7 +670,13 @@ def _runner_options(config: Path | None, options: list[str]) -> dict[str, Any]:
 
 @app.command("worker")
 def worker(
-    study: Annotated[int, typer.Option(help="study id")],
+    study: Annotated[
+        int | None,
+        typer.Option(
+            envvar="CUBIC_STUDY",
+            help="study id (default: every running study in turn, until stopped)",
+        ),
+    ] = None,
     url: UrlOpt = None,
     runner: Annotated[
         str, typer.Option(help="where trials run: simulated, local, slurm, ray, kubernetes")
@@ -657,10 +709,14 @@ def worker(
         ),
     ] = None,
 ) -> None:
-    """Lease trials of a study, run them through a runner, and report the results."""
+    """Lease trials of a study, run them through a runner, and report the results.
+
+    Without --study it serves every running study, oldest first, and waits for new ones
+    until stopped (SIGTERM or Ctrl-C): a pool of workers needs no study id.
+    """
     from cubic.client import CubicClient
     from cubic.runners import make_runner
-    from cubic.worker import Worker
+    from cubic.worker import StudyLoop, Worker
 
     if not url:
         raise CubicError("cubic worker needs the service: pass --url or set CUBIC_URL")
@@ -681,19 +737,22 @@ def worker(
     job_runner = make_runner(runner, **opts)
     try:
         with CubicClient(url, outage_s=outage_s) as client:
-            w = Worker(
-                client,
-                study,
-                job_runner,
-                worker_id=worker_id,
-                parallel=parallel,
-                lease_seconds=lease_seconds,
-                outbox=outbox,
-            )
-            n = w.run(max_trials=max_trials)
+            options: dict[str, Any] = {
+                "worker_id": worker_id,
+                "parallel": parallel,
+                "lease_seconds": lease_seconds,
+                "outbox": outbox,
+            }
+            if study is None:
+                n = StudyLoop(client, job_runner, **options).run(max_trials=max_trials)
+                who = worker_id or "pool"  # each study's worker logs its own id
+            else:
+                w = Worker(client, study, job_runner, **options)
+                n = w.run(max_trials=max_trials)
+                who = w.worker_id
     finally:
         job_runner.close()
-    console.print(f"worker {w.worker_id}: reported {n} trials")
+    console.print(f"worker {who}: reported {n} trials")
 
 
 @bench_app.callback(invoke_without_command=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cubic.client import CubicClient
-from cubic.errors import Conflict, CubicError, NotFound, StorageError
+from cubic.errors import Conflict, CubicError, InvalidInput, NotFound, StorageError
 from cubic.outbox import Outbox, default_outbox
 from cubic.outcome import Outcome
 from cubic.retry import lease_wait
@@ -38,7 +38,7 @@ from cubic.runners.base import Runner, TrialJob
 
 log = logging.getLogger("cubic.worker")
 
-FINAL_STUDY_STATES = {"completed", "stopped", "archived"}
+FINAL_STUDY_STATES = frozenset({"completed", "stopped", "archived"})
 
 
 @dataclass(slots=True)
@@ -68,7 +68,11 @@ class Worker:
         grace_s: float = 30.0,
         on_report: Callable[[dict[str, Any], Outcome], None] | None = None,
         outbox: Outbox | Path | str | None = None,
+        handle_signals: bool = True,
+        leave_states: frozenset[str] = FINAL_STUDY_STATES,
     ) -> None:
+        """``handle_signals``: SIGTERM/SIGINT wind this worker down (off when a caller owns
+        them); ``leave_states``: study states in which an idle worker returns."""
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self.client = client
@@ -81,6 +85,8 @@ class Worker:
         self.idle_s = idle_s
         self.grace_s = grace_s
         self.on_report = on_report
+        self.handle_signals = handle_signals
+        self.leave_states = leave_states
         if outbox is None:  # one folder per service: study and trial ids are its own
             outbox = default_outbox() / re.sub(r"[^A-Za-z0-9.-]+", "_", client.url)
         self.outbox = outbox if isinstance(outbox, Outbox) else Outbox(outbox)
@@ -111,7 +117,7 @@ class Worker:
 
     def run(self, max_trials: int | None = None) -> int:
         """Work until the study is finished, ``max_trials`` are reported, or a stop."""
-        previous = self._install_signals()
+        previous = self._install_signals() if self.handle_signals else {}
         try:
             return self._run(max_trials)
         finally:
@@ -140,7 +146,7 @@ class Worker:
                 self._give_up_if_gone()
                 if not self._active and not leased and not finished:
                     state = self._study_state or self.client.get_study(self.study_id)["state"]
-                    if state in FINAL_STUDY_STATES:
+                    if state in self.leave_states:
                         break
                     wait = max(self._next_lease - time.monotonic(), 0.0) or self.idle_s
                     self.stopping.wait(min(wait, self.idle_s))
@@ -295,3 +301,83 @@ class Worker:
                 except CubicError as exc:
                     log.warning("trial %s: release failed: %s", tid, exc)
             self._active.pop(tid, None)
+
+
+class StudyLoop:
+    """Works on every running study of a service in turn, oldest first, waiting while none
+    runs, until stopped: a worker of a shared pool (a container scaled by its engine) needs
+    no study id. A paused study is left for the next running one; a study the runner
+    refuses (a job it cannot run) is skipped with a warning."""
+
+    def __init__(
+        self,
+        client: CubicClient,
+        runner: Runner,
+        *,
+        idle_s: float = 2.0,
+        **worker_options: Any,
+    ) -> None:
+        self.client = client
+        self.runner = runner
+        self.idle_s = idle_s
+        self.worker_options = worker_options
+        self.stopping = threading.Event()
+        self.reported = 0
+        self._current: Worker | None = None
+        self._refused: set[int] = set()
+
+    def stop(self) -> None:
+        """Wind down: the current study's worker finishes or releases its trials."""
+        self.stopping.set()
+        current = self._current
+        if current is not None:
+            current.stop()
+
+    def run(self, max_trials: int | None = None) -> int:
+        """Work until stopped (SIGTERM, SIGINT) or ``max_trials`` are reported."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        try:
+            while not self.stopping.is_set():
+                if max_trials is not None and self.reported >= max_trials:
+                    break
+                study_id = self._next_study()
+                if study_id is None:
+                    self.stopping.wait(self.idle_s)
+                    continue
+                self._work_on(study_id, None if max_trials is None else max_trials - self.reported)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self.reported
+
+    def _next_study(self) -> int | None:
+        page = self.client.list_studies(state="running", limit=100)
+        for study in page["items"]:
+            if study["id"] not in self._refused:
+                return int(study["id"])
+        return None
+
+    def _work_on(self, study_id: int, max_trials: int | None) -> None:
+        worker = Worker(
+            self.client,
+            study_id,
+            self.runner,
+            handle_signals=False,
+            leave_states=FINAL_STUDY_STATES | {"paused"},
+            **self.worker_options,
+        )
+        self._current = worker
+        if self.stopping.is_set():  # a stop that came before the worker existed
+            worker.stop()
+        log.info("study %d: working on it", study_id)
+        try:
+            self.reported += worker.run(max_trials=max_trials)
+        except (InvalidInput, NotFound) as exc:  # the runner refused it, or it went away
+            log.warning("study %d: skipped: %s", study_id, exc)
+            self._refused.add(study_id)
+        finally:
+            self._current = None
+        log.info("study %d: left it (%d trials reported in all)", study_id, self.reported)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +298,48 @@ def test_study_commands_honour_the_service_url(
     assert made["id"] in [s["id"] for s in listed] and "via-url" in [s["name"] for s in listed]
     shown = json.loads(cubic("study", "show", str(made["id"]), "--json").stdout)
     assert shown["name"] == "via-url" and shown["state"] == "running"
+
+
+def test_a_worker_without_a_study_serves_each_running_one_until_stopped(
+    tmp_path: Path,
+) -> None:
+    """``cubic worker`` without ``--study`` (a pool's worker): the running studies in turn,
+    then one created while it waits; a paused study is left alone."""
+    from cubic.bench.service import api_server
+    from cubic.store.schema import upgrade
+    from cubic.worker import StudyLoop
+
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    upgrade(db)
+    with api_server(db, 1) as base, CubicClient(base) as client:
+        first, second, paused = (_study(client, 4) for _ in range(3))
+        client.pause(paused)
+        loop = StudyLoop(
+            CubicClient(base),
+            make_runner("simulated", seed=1),
+            idle_s=0.2,
+            worker_id="pool-1",
+            parallel=2,
+            lease_seconds=30,
+        )
+        thread = threading.Thread(target=loop.run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 120
+            while client.get_study(second)["state"] != "completed":
+                assert time.monotonic() < deadline, "the running studies were not served"
+                time.sleep(0.2)
+            assert client.get_study(first)["state"] == "completed"
+            later = _study(client, 2)  # created while the worker waits for work
+            while client.get_study(later)["state"] != "completed":
+                assert time.monotonic() < deadline, "a study created later was not served"
+                time.sleep(0.2)
+        finally:
+            loop.stop()
+            thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert loop.reported == 4 + 4 + 2
+        for sid in (first, second, later):
+            assert {t["worker_id"] for t in client.all_trials(sid)} == {"pool-1"}
+        assert all(t["worker_id"] is None for t in client.all_trials(paused))
+        assert client.get_study(paused)["state"] == "paused"
