@@ -1,8 +1,8 @@
 """Skip a test whose outside component is missing, unless the run says it must be there.
 
-CI sets ``CUBIC_REQUIRE`` (a comma list such as ``slurm,ray,kubernetes,torch,postgres`` or
-``all``): there a missing component fails the test instead of skipping it, so a suite that
-silently tested nothing cannot pass.
+CI sets ``CUBIC_REQUIRE`` (a comma list of ``postgres``, ``slurm``, ``ray``, ``kubernetes``,
+``torch``, ``browser``, ``podman``, or ``all``): there a missing component fails the test
+instead of skipping it, so a suite that silently tested nothing cannot pass.
 """
 
 from __future__ import annotations

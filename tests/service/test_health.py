@@ -12,7 +12,7 @@ from cubic.store.schema import downgrade
 from service.app import create_app
 from service.metrics import exposition, gauge, observe_proxy_fit
 from service.settings import ServiceSettings
-from tests.service.conftest import assert_error, create, run_study, service_settings
+from tests.service.conftest import REPO, assert_error, create, run_study, service_settings
 
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
@@ -149,3 +149,23 @@ def test_openapi_documents_every_route_with_examples(client: TestClient) -> None
     schemas = doc["components"]["schemas"]
     for name in ("LeaseRequest", "ReportRequest", "LeaseOut", "StudyOut", "BestOut"):
         assert schemas[name].get("examples"), name
+
+
+def test_every_setting_is_in_the_readmes_table() -> None:
+    """Each ``CUBIC_*`` setting of the service is a row of the README's Configuration table,
+    and every ``CUBIC_*`` variable the code reads is described somewhere in the README."""
+    import ast
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Configuration") :].split("\n## ", 1)[0]
+    rows = {m for line in table.splitlines() for m in re.findall(r"`([A-Z_]+)`", line)}
+    settings = {"CUBIC_" + name.upper() for name in ServiceSettings.model_fields}
+    assert not settings - rows, f"settings missing from the table: {sorted(settings - rows)}"
+    read = set()
+    for folder in ("cubic", "service"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    read |= set(re.findall(r"\bCUBIC_[A-Z_]*[A-Z]_?\b", node.value))
+    undocumented = {name for name in read if name not in readme}
+    assert not undocumented, f"variables the README never names: {sorted(undocumented)}"
