@@ -37,7 +37,7 @@ from cubic.tuner import Tuner
 from service import errors
 from service.limits import BodyLimit
 from service.metrics import REAPED, observe_proposal, observe_proxy_fit
-from service.routes import dashboard, health, studies, tokens, trials, ui
+from service.routes import dashboard, docs, health, studies, tokens, trials, ui
 from service.settings import ServiceSettings
 
 log = logging.getLogger("cubic.service")
@@ -265,7 +265,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await anyio.to_thread.run_sync(background.stop)
             await anyio.to_thread.run_sync(store.engine.dispose)
 
-    app = FastAPI(title="cubic", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="cubic",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,  # served from local files below, not from a CDN
+        redoc_url=None,
+    )
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.include_router(health.router)
@@ -274,4 +281,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(tokens.router)
     app.include_router(dashboard.router)
     ui.install(app)  # the dashboard at /ui
+    docs.install(app)  # /docs
     return app

@@ -259,6 +259,16 @@ def test_plotly_is_served_locally(server: str) -> None:
     assert httpx.get(f"{server}/ui", timeout=60, follow_redirects=True).status_code == 200
 
 
+def test_the_api_docs_render_offline(server: str, page: Any, tmp_path: Path) -> None:
+    """Swagger UI at /docs shows every route, with nothing fetched from outside."""
+    doc = httpx.get(f"{server}/openapi.json", timeout=60).json()
+    routes = sum(len(methods) for methods in doc["paths"].values())
+    page.goto(f"{server}/docs")
+    page.wait_for_selector(".opblock", timeout=WAIT_MS)
+    assert page.locator(".opblock").count() == routes
+    page.screenshot(path=tmp_path / "docs.png", full_page=True)
+
+
 def test_token_form_when_auth_is_on(
     studies: tuple[str, dict[str, int]], page: Any, tmp_path: Path
 ) -> None:

@@ -169,3 +169,16 @@ def test_every_setting_is_in_the_readmes_table() -> None:
                     read |= set(re.findall(r"\bCUBIC_[A-Z_]*[A-Z]_?\b", node.value))
     undocumented = {name for name in read if name not in readme}
     assert not undocumented, f"variables the README never names: {sorted(undocumented)}"
+
+
+def test_the_api_docs_load_nothing_from_outside(client: TestClient) -> None:
+    """Swagger UI comes from this process (a CDN leaves /docs blank offline)."""
+    html = client.get("/docs")
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    urls = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html.text)
+    assert urls and not [u for u in urls if "//" in u], urls
+    for url in urls:
+        asset = client.get(url)
+        assert asset.status_code == 200, url
+        if url.endswith(".js"):
+            assert len(asset.content) > 100_000, url
