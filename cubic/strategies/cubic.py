@@ -24,7 +24,10 @@ proposed. Then two explicit phases:
    whose memory is in doubt waits while a running job close to it in memory will settle
    that doubt. No prediction is trusted closer than ``ei_floor`` (3 %, the scale of the
    proxy's error on configs it has not seen), so the improvement a config may bring is
-   never rounded to nothing.
+   never rounded to nothing, and each knob value no trial of the study has measured yet (a
+   tp it has not run) adds ``novelty_sd`` to the spread: the models copy such a value's
+   effect from the nearest measured one, and would otherwise keep the search on the layouts
+   it measured first.
 
 Both phases respect a study's numerical-error bound before any trial breaks it: an additive
 model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
@@ -98,6 +101,7 @@ class CubicStrategy(Strategy):
         acquisition: str = "portfolio",
         ei_floor: float = 0.03,
         scout_below: float = 0.95,
+        novelty_sd: float = 0.03,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -127,6 +131,7 @@ class CubicStrategy(Strategy):
         self.acquisition = acquisition
         self.ei_floor = ei_floor
         self.scout_below = scout_below
+        self.novelty_sd = novelty_sd
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
@@ -134,6 +139,7 @@ class CubicStrategy(Strategy):
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
         self._regions: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
         self._prior_best: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
+        self._seen_values: tuple[set[int], list[set[float]]] | None = None
 
     def set_prior(self, prior: Prior) -> None:
         """Finished trials of other studies; only those of this workload kind are kept."""
@@ -722,6 +728,30 @@ class CubicStrategy(Strategy):
                 N = np.concatenate([N, numerics(self.study.workload, ex)])
         return pool, X, pos, N
 
+    def _novelty(self, measured: Sequence[Trial], pos: np.ndarray) -> np.ndarray:
+        """How many knobs of each candidate (rows of ``pos``) hold a value that none of the
+        ``measured`` trials of this study has had. The trees and the GP learn nothing about a
+        value never measured (a tp the study has not run): they copy the nearest measured one,
+        with the confidence they have there, so that value's effect is an uncertainty of its
+        own. The values seen are kept per trial id (a finished trial never changes), so a
+        round reads only the trials measured since the last one."""
+        if self._seen_values is None:
+            self._seen_values = (set(), [set() for _ in self._grids])
+        ids, values = self._seen_values
+        new = [t for t in measured if t.id not in ids]
+        if new:
+            seen = self.positions(self.study.space.to_arrays([t.params for t in new]))
+            for j, col in enumerate(values):
+                col.update(np.round(seen[:, j], 9).tolist())
+            ids.update(t.id for t in new)
+        out = np.zeros(len(pos))
+        if not measured or not len(pos):
+            return out
+        for j, (_, grid) in enumerate(self._grids):
+            if isinstance(grid, list) and len(grid) > 1:
+                out += ~np.isin(np.round(pos[:, j], 9), list(values[j]))
+        return out
+
     def _deferred(
         self, history: Sequence[Trial], X: np.ndarray, p_fit: np.ndarray, Q: np.ndarray
     ) -> np.ndarray:
@@ -757,8 +787,12 @@ class CubicStrategy(Strategy):
         # Before this study has measured anything, the trees' spread says how the prior
         # workloads disagree, not where this one's optimum may be: rank by the prediction,
         # and let the wider radius below hedge the batch.
-        values = [v for t in history for v in [self._value(t)[0]] if v is not None]
+        valued = [(t, v) for t in history for v in [self._value(t)[0]] if v is not None]
+        values = [v for _, v in valued]
         measured = bool(values)
+        if measured and self.novelty_sd > 0:
+            novel = self._novelty([t for t, _ in valued], pos)
+            sd = np.sqrt(sd**2 + novel * self.novelty_sd**2)
         ucb = mu + (self.kappa if measured else self.borrowed_kappa) * sd
         gains = {"ucb": np.exp(ucb - ucb.max())}
         if measured and self.acquisition in ("ei", "portfolio"):

@@ -294,3 +294,33 @@ def test_the_portfolio_takes_turns_between_its_acquisitions() -> None:
     assert all(a != b for a, b in itertools.pairwise(model))
     with pytest.raises(ValueError, match="acquisition"):
         CubicStrategy(study, seed=0, acquisition="pi")
+
+
+def test_a_knob_value_no_trial_has_measured_is_an_uncertainty_of_its_own() -> None:
+    """The trees and the GP copy a never-measured tp from the nearest measured one with the
+    confidence they have there; the strategy counts such values and widens the spread."""
+    study = _study("llama3_405b_h100x512")
+    strategy = CubicStrategy(study, seed=0)
+    base = strategy._candidates()[0]
+    tp = np.asarray(base.arrays["tp"])
+    eights = np.flatnonzero((tp == 8) & (base.estimate < 0.8))
+    history = [_measured(study, base.configs[i], n + 1) for n, i in enumerate(eights[:24])]
+    assert {t.params["tp"] for t in history} == {8}
+    assert sum(t.state == TrialState.COMPLETE for t in history) >= 8
+    pos = strategy.positions(base.arrays)
+    complete = [t for t in history if t.state == TrialState.COMPLETE]
+    novelty = strategy._novelty(complete, pos)
+    assert novelty.shape == (len(base),)
+    # A measured config is novel in nothing; every config of another tp is novel in tp.
+    assert np.all(novelty[[base.keys.index(config_key(t.params)) for t in complete]] == 0)
+    assert np.all(novelty[tp != 8] >= 1)
+    # Without a measured trial nothing is known to be novel (the warm-up spreads instead).
+    assert not CubicStrategy(study, seed=0)._novelty([], pos).any()
+    # A round records the widened spread it ranked by.
+    wide = CubicStrategy(study, seed=0, novelty_sd=0.2)
+    narrow = CubicStrategy(study, seed=0, novelty_sd=0.0)
+    for s in (wide, narrow):
+        s._base = strategy._base
+    sd_wide = [p.predicted["log_std"] for p in wide.suggest(history, 8)]
+    sd_narrow = [p.predicted["log_std"] for p in narrow.suggest(history, 8)]
+    assert max(sd_wide) > 0.2 > max(sd_narrow)
