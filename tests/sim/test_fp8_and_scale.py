@@ -18,7 +18,11 @@ PUBLISHED_FP8_RATIO = {"llama3_8b": 1.33, "llama3_70b": 1.27, "llama3_405b": 1.5
 LAYOUTS = {
     "llama3_8b": (8, 128, {"tp": 1, "pp": 1, "cp": 2}),
     "llama3_70b": (64, 128, {"tp": 4, "pp": 4, "cp": 2, "vp": 5}),
-    "llama3_405b": (512, 256, {"tp": 8, "pp": 8, "cp": 2, "vp": 8, "embedding_loss_in_split": True}),
+    "llama3_405b": (
+        512,
+        256,
+        {"tp": 8, "pp": 8, "cp": 2, "vp": 8, "embedding_loss_in_split": True},
+    ),
 }
 
 
