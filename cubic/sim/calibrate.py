@@ -68,6 +68,7 @@ FRAMEWORK_DEFAULTS: dict[str, dict[str, Any]] = {
         "recompute": "none",
     },
     "torchrec": {},
+    "hugectr": {},
 }
 #: A run that names no framework: what current Megatron-Core and NeMo releases do unless
 #: told otherwise (the distributed optimizer, gradient-reduce and parameter-gather overlap,

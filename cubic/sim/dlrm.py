@@ -87,6 +87,8 @@ CW_SHARD_DIM = 32
 #: tail wave) that makes small GEMMs inefficient.
 GEMM_EFF = 0.7
 GEMM_FIXED_S = 6e-6
+#: The same under CUDA graphs: no launch latency, only the tail wave.
+GRAPH_GEMM_FIXED_S = 2e-6
 #: FP8 GEMMs: fraction of FP8 peak, and the cost of the per-tensor scaling casts (amax and
 #: conversion kernels per operand) that make FP8 slower on small layers.
 FP8_GEMM_EFF = 0.6
@@ -109,6 +111,26 @@ PIPE_A2A_OVERLAP = 0.5
 #: launches and the in-process data loader. TorchRec's input distribution reads the split
 #: sizes back to the host every step, so this adds to the GPU time instead of overlapping it.
 HOST_OVERHEAD_S = 8.75e-3
+#: Host time per step of a runtime that replays the whole step as CUDA graphs (HugeCTR's
+#: ``use_cuda_graph``): graph launches and the loss read-back only.
+GRAPH_OVERHEAD_S = 0.2e-3
+#: Hotness-balanced plan (HugeCTR's embedding planner, as in its MLPerf DLRM-DCNv2
+#: submissions): the model-parallel tables are split into shards until the lookups per
+#: rank (or per node, for the hierarchical plan) balance; what is left is this share of the
+#: mean lookup time on the busiest rank.
+BALANCED_IMBALANCE = 0.2
+#: With ``overlap_embedding`` (HugeCTR's intra- and inter-iteration overlap), the share of
+#: the dense forward and backward behind which the embedding lookups and the pooled
+#: exchange of the balanced plan run.
+EMB_OVERLAP = 0.6
+#: Share of a NIC's ring bandwidth that the balanced plan's exchange across nodes reaches:
+#: an all-to-all of many small messages with incast at the receivers, which also carries the
+#: partial sums of tables split over several ranks. Fitted to the MLPerf Training v3.1
+#: DLRM-DCNv2 results (8, 64 and 128 H100).
+A2A_NET_EFF = 0.3
+#: Fixed cost per step and per doubling of the nodes of a multi-node job: the exchange's
+#: synchronisation across nodes, stragglers and jitter (what a bandwidth model leaves out).
+NODE_SYNC_S = 0.05e-3
 #: Stall of an unpipelined input distribution: the split-size exchange and its host sync,
 #: before the id all-to-all and the host-to-device batch copy can start.
 INPUT_SYNC_S = 0.5e-3
@@ -141,6 +163,7 @@ PLACEMENTS = ("hbm", "host", "cached")
 HBM, HOST, CACHED = range(3)
 A2A_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 CLASSES = ("large", "medium", "small")
+PLANS = ("per_class", "balanced")
 
 DEFAULTS: dict[str, Any] = {
     "sharding_large": "row_wise",
@@ -155,6 +178,16 @@ DEFAULTS: dict[str, Any] = {
     "fp8_top_mlp": False,
     "fp8_interaction": False,
     "pipeline_sparse": False,
+    # Embedding plan: 'per_class' (one sharding type per table class, placed like TorchRec's
+    # planner) or 'balanced' (every model-parallel table split into shards until the lookups
+    # per rank balance, exchanged hierarchically inside and across nodes, as HugeCTR does).
+    "embedding_plan": "per_class",
+    # Replay the step as CUDA graphs (HugeCTR): no eager host overhead per step.
+    "cuda_graphs": False,
+    # Overlap embedding lookups and exchange with the dense part (balanced plan).
+    "overlap_embedding": False,
+    # Precision of the dense gradients' all-reduce: fp32 (DDP) or fp16 (mixed precision).
+    "allreduce_precision": "fp32",
     # PyTorch >= 1.12 runs fp32 matmuls in true FP32 unless this is set; earlier releases
     # used TF32 tensor cores by default.
     "allow_tf32": False,
@@ -352,7 +385,7 @@ def _dense_parts(model: DLRM):
     return bottom, top, inter, act
 
 
-def _gemm_time(b, shapes, peak, fp8, peak8, act_bytes, hbm_bw):
+def _gemm_time(b, shapes, peak, fp8, peak8, act_bytes, hbm_bw, fixed=GEMM_FIXED_S):
     """Forward and backward time (three GEMMs per layer) of layers ``shapes`` at batch ``b``.
 
     FP8 layers run at FP8 peak but pay for scaling casts: the weight (twice: as is and
@@ -362,9 +395,9 @@ def _gemm_time(b, shapes, peak, fp8, peak8, act_bytes, hbm_bw):
     t = np.zeros_like(b)
     for k, n in shapes:
         flops = 2.0 * b * k * n
-        hi = flops / (peak * GEMM_EFF) + GEMM_FIXED_S
+        hi = flops / (peak * GEMM_EFF) + fixed
         cast = (2.0 * k * n * (act_bytes + 1.0) + b * (k + n)) / (hbm_bw * ACT_EFF)
-        lo = flops / (peak8 * FP8_GEMM_EFF) + GEMM_FIXED_S + FP8_CAST_FIXED_S + cast / 3.0
+        lo = flops / (peak8 * FP8_GEMM_EFF) + fixed + FP8_CAST_FIXED_S + cast / 3.0
         t = t + 3.0 * np.where(fp8, lo, hi)
     return t
 
@@ -417,6 +450,18 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     b = np.maximum(b, 1.0)
     pipe = np.asarray(a["pipeline_sparse"], dtype=bool)
     tf32 = np.asarray(a["allow_tf32"], dtype=bool)
+    plan = np.asarray(a["embedding_plan"], dtype=object)
+    bal_plan = plan == "balanced"
+    _fail(reason, ~((plan == "per_class") | bal_plan), f"unknown embedding_plan; expected {PLANS}")
+    graphs = np.asarray(a["cuda_graphs"], dtype=bool)
+    ovl_emb = np.asarray(a["overlap_embedding"], dtype=bool) & bal_plan
+    arp = np.asarray(a["allreduce_precision"], dtype=object)
+    _fail(
+        reason,
+        ~((arp == "fp32") | (arp == "fp16") | (arp == "bf16")),
+        "unknown allreduce_precision; expected fp32, fp16 or bf16",
+    )
+    ar_elem = np.where(arp == "fp32", 4.0, 2.0)
     fp8 = {k: np.asarray(a[k], dtype=bool) & gpu.has_fp8 for k in ERR_FP8_SITE}
     big_b = b * n  # global batch: every table-wise shard sees all of it
 
@@ -434,6 +479,11 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     dims = {s: np.zeros(n_cfg) for s in (TW, RW, TWRW, DP)}  # pooled widths by sharding
     ids = np.zeros(n_cfg)  # ids per sample sent in the input distribution
     lookups_rank = np.zeros(n_cfg)  # lookups per rank (TBE workspace)
+    bal_t = np.zeros(n_cfg)  # balanced plan: mean per-rank time of the model-parallel tables
+    bal_mem = np.zeros(n_cfg)  # ... their HBM per rank
+    bal_dim = np.zeros(n_cfg)  # ... their summed pooled width
+    dp_t = np.zeros(n_cfg)  # data-parallel tables' lookup time (either plan)
+    dp_mem = np.zeros(n_cfg)
     items: list[tuple[Any, ...]] = []  # table-wise / column-wise shards
     twrw_items: list[tuple[Any, ...]] = []
     is_host = place == HOST
@@ -484,6 +534,17 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
 
         uni_t += np.where(bal, shard_t, 0.0)
         dp_b = np.where(m[DP], t.rows * t.dim * 4.0, 0.0)  # replicas also keep a gradient
+        # Balanced plan: the table's lookups and rows spread evenly over every rank, in HBM.
+        st_full = state_row * (1.0 if opt == "rowwise_adagrad" else float(t.dim))
+        per_lookup = (12.0 * t.dim + 2.0 * st_full) / lookup_bw
+        mp = ~m[DP]
+        bal_t += np.where(mp, t.pooling * per_lookup + 8.0 * t.dim / (hbm_bw * ACT_EFF), 0.0) * (
+            big_b / n
+        )
+        bal_mem += np.where(mp, t.rows * (4.0 * t.dim + st_full) / n, 0.0)
+        bal_dim += np.where(mp, float(t.dim), 0.0)
+        dp_t += np.where(m[DP], shard_t, 0.0)
+        dp_mem += np.where(m[DP], hbm_b, 0.0) + dp_b
         uni_mem += np.where(bal, hbm_b - in_cache, 0.0) + dp_b
         cache_mem += np.where(bal, in_cache, 0.0)
         dp_elems += np.where(m[DP], float(t.rows * t.dim), 0.0)
@@ -507,8 +568,9 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     peak8 = gpu.peak("fp8")
     act_b = 4.0 if dense_prec in ("fp32", "tf32") else 2.0
     bottom, top, inter, act_elems = _dense_parts(model)
-    t_bottom = _gemm_time(b, bottom, peak, fp8["fp8_bottom_mlp"], peak8, act_b, hbm_bw)
-    t_top = _gemm_time(b, top, peak, fp8["fp8_top_mlp"], peak8, act_b, hbm_bw)
+    fixed = np.where(graphs, GRAPH_GEMM_FIXED_S, GEMM_FIXED_S)
+    t_bottom = _gemm_time(b, bottom, peak, fp8["fp8_bottom_mlp"], peak8, act_b, hbm_bw, fixed)
+    t_top = _gemm_time(b, top, peak, fp8["fp8_top_mlp"], peak8, act_b, hbm_bw, fixed)
     f = len(model.tables) + 1
     d = model.bottom_mlp[-1]
     if model.interaction == "dot":
@@ -518,10 +580,10 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
             np.where(
                 fp8["fp8_interaction"], flops / (peak8 * DOT_EFF) + cast, flops / (peak * DOT_EFF)
             )
-            + 3 * GEMM_FIXED_S
+            + 3 * fixed
         )
     else:
-        t_inter = _gemm_time(b, inter, peak, fp8["fp8_interaction"], peak8, act_b, hbm_bw)
+        t_inter = _gemm_time(b, inter, peak, fp8["fp8_interaction"], peak8, act_b, hbm_bw, fixed)
     t_act = b * act_elems * act_b * ACT_PASSES / (hbm_bw * ACT_EFF)
     bottom_share = sum(model.bottom_mlp) / act_elems
     t_dense = t_bottom + t_top + t_inter + t_act
@@ -589,8 +651,8 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     tw_mem = stor_load[np.arange(n_cfg), worst]
     tw_cache = cache_load[np.arange(n_cfg), worst]
 
-    t_lookup = uni_t + tw_mean + twrw_t
-    t_imb = tw_imb + twrw_imb
+    t_lookup = np.where(bal_plan, bal_t + dp_t, uni_t + tw_mean + twrw_t)
+    t_imb = np.where(bal_plan, BALANCED_IMBALANCE * bal_t, tw_imb + twrw_imb)
 
     # ---- communication ------------------------------------------------------------------
     bw_n, lat_n = cc.tier(gpu, gpn, n, 1)
@@ -610,6 +672,13 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         + _gate(nb_twrw_in, cc.reduce_scatter(nb_twrw_in, gpn, bw_g, lat_g))
         + _gate(nb_twrw_x, cc.all_to_all(nb_twrw_x, nodes, bw_x, lat_x))
     )
+    # Balanced plan: a hierarchical all-to-all of the pooled embeddings, over NVLink inside
+    # the node, then rail to rail across nodes.
+    nb_bal = b * bal_dim * q
+    hier = _gate(nb_bal, cc.all_to_all(nb_bal, gpn, bw_g, lat_g)) + np.where(
+        nodes > 1, _gate(nb_bal, cc.all_to_all(nb_bal, nodes, bw_x * A2A_NET_EFF, lat_x)), 0.0
+    )
+    one_way = np.where(bal_plan, hier, one_way)
     pooled_comm = 2.0 * one_way  # forward embeddings, backward gradients
     elems = 2.0 * (
         b * dims[TW]
@@ -617,6 +686,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         + big_b * dims[TWRW] / nodes
         + np.where(nodes > 1, b * dims[TWRW], 0.0)
     )
+    elems = np.where(bal_plan, 2.0 * b * bal_dim, elems)
     has_comm = one_way > 0
     t_quant = (
         np.select(
@@ -630,7 +700,12 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         * has_comm
     )
     budget = t_bottom_all + np.where(pipe, PIPE_A2A_OVERLAP * (t_dense - t_bottom_all), 0.0)
+    budget = np.where(ovl_emb, EMB_OVERLAP * t_dense, budget)
     a2a_exposed = np.maximum(0.0, pooled_comm - budget)
+    # Overlapped balanced plan: lookups and exchange run on their own streams beside the
+    # dense part; what the dense part cannot cover stays on the critical path.
+    emb_work = t_lookup + t_imb + pooled_comm
+    emb_hidden = np.minimum(emb_work, EMB_OVERLAP * t_dense)
     nb_ids = b * ids * 8.0 + b * len(model.tables) * 4.0
     t_ids = _gate(b * ids, cc.all_to_all(nb_ids, n, bw_n, lat_n))
     t_h2d = in_batch / pcie_bw
@@ -641,19 +716,40 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     )
     t_a2a = a2a_exposed + t_quant + input_exposed
 
-    ar_bytes = 4.0 * (dense_params + dp_elems)
-    t_ar = cc.all_reduce(ar_bytes, n, bw_n, lat_n)
+    ar_bytes = ar_elem * dense_params + 4.0 * dp_elems
+    # Two-level all-reduce (NCCL's rails, or HugeCTR's grouped all-reduce): reduce-scatter
+    # over NVLink inside the node, all-reduce of each GPU's share across the nodes (every
+    # NIC of the node busy at once), all-gather inside the node.
+    t_ar = np.where(
+        nodes > 1,
+        2.0 * cc.reduce_scatter(ar_bytes, gpn, bw_g, lat_g)
+        + cc.all_reduce(ar_bytes / gpn, nodes, bw_x, lat_x),
+        cc.all_reduce(ar_bytes, n, bw_n, lat_n),
+    )
     t_dp = np.maximum(0.0, t_ar - DP_OVERLAP * (2.0 / 3.0) * t_dense)
+    t_dp = np.where(ovl_emb, np.maximum(0.0, t_ar - DP_OVERLAP * (t_lookup + t_dense)), t_dp)
 
     opt_bytes = (dense_params + dp_elems) * (12.0 + 2.0 * opt_dense)
     t_opt = opt_bytes / (hbm_bw * ACT_EFF) + 20e-6
 
-    t_host = HOST_OVERHEAD_S * ones
+    t_host = np.where(graphs, GRAPH_OVERHEAD_S, HOST_OVERHEAD_S) + NODE_SYNC_S * math.log2(nodes)
+    t_a2a = np.where(ovl_emb, t_quant + input_exposed + pooled_comm, t_a2a)
+    # With overlap, the hidden part of the embedding work comes off the lookups first.
+    hid_lookup = np.where(ovl_emb, np.minimum(emb_hidden, t_lookup + t_imb), 0.0)
+    hid_a2a = np.where(ovl_emb, emb_hidden - hid_lookup, 0.0)
+    share = np.where(t_lookup + t_imb > 0, t_lookup / np.maximum(t_lookup + t_imb, 1e-30), 1.0)
+    t_lookup = t_lookup - hid_lookup * share
+    t_imb = t_imb - hid_lookup * (1.0 - share)
+    t_a2a = t_a2a - hid_a2a
     step = t_lookup + t_imb + t_a2a + t_dense + t_dp + t_opt + t_host
 
     # ---- memory and feasibility ---------------------------------------------------------
-    mem_cache = cache_mem + tw_cache + twrw_cache
-    mem_shards = uni_mem + tw_mem + twrw_mem - tw_cache - twrw_cache
+    mem_cache = np.where(bal_plan, 0.0, cache_mem + tw_cache + twrw_cache)
+    mem_shards = np.where(
+        bal_plan,
+        bal_mem * (1.0 + BALANCED_IMBALANCE) + dp_mem,
+        uni_mem + tw_mem + twrw_mem - tw_cache - twrw_cache,
+    )
     peak_mem = mem_shards + mem_cache + other
     parts = {
         "embedding_shards": mem_shards,
@@ -690,7 +786,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         _fail(reason_oom, oom, msg)
     else:
         reason_oom = np.full(n_cfg, "", dtype=object)
-    host_node = host_total / nodes
+    host_node = np.where(bal_plan, 0.0, host_total / nodes)
     host_cap = gpu.host_mem_gb_per_node * 1e9 * HOST_USABLE_FRAC
     host_oom = host_node > host_cap
     if host_oom.any():
@@ -747,8 +843,53 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
 # ---------------------------------------------------------------------------------------------
 
 
+#: Settings of NVIDIA's HugeCTR DLRM-DCNv2 submissions to MLPerf Training (v3.1:
+#: ``NVIDIA/benchmarks/dlrm_dcnv2/implementations/hugectr``, ``train.py`` and the
+#: ``config_DGXH100_*.sh`` files): the embedding planner's hotness-balanced plan ('auto' on
+#: one node, 'hier_auto' with hierarchical communication on several), small tables
+#: data-parallel (``DP_SHARDING_THRESHOLD``), CUDA graphs, intra- and inter-iteration overlap,
+#: mixed precision (FP16 dense part, exchange and gradient all-reduce), AdaGrad, the
+#: asynchronous raw data reader.
+HUGECTR_CONFIG: dict[str, Any] = {
+    "embedding_plan": "balanced",
+    "sharding_large": "table_wise",
+    "sharding_medium": "table_wise",
+    "sharding_small": "data_parallel",
+    "placement_large": "hbm",
+    "a2a_precision": "fp16",
+    "allreduce_precision": "fp16",
+    "cuda_graphs": True,
+    "overlap_embedding": True,
+    "pipeline_sparse": True,
+}
+
+
+def _dcnv2_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
+    """A published DLRM-DCNv2 run (MLPerf's multi-hot Criteo 1TB, the ``dlrm_criteo_dcnv2``
+    preset) as HugeCTR ran it (:data:`HUGECTR_CONFIG`)."""
+    base = PRESETS["dlrm_criteo_dcnv2"]
+    num_gpus = int(row["num_gpus"])
+    gpn = int(row.get("gpus_per_node") or 8)
+    gb = int(row["global_batch"])
+    mb = int(row.get("micro_batch") or 0) or gb // num_gpus
+    wl = Workload(
+        name=str(row.get("id") or "dlrm_dcnv2"),
+        model=base.model,
+        cluster=Cluster(str(row["gpu"]), num_gpus, gpn),
+        training=Training(
+            global_batch=mb * num_gpus,
+            optimizer="adagrad",
+            precision=str(row.get("precision") or "fp16"),
+        ),
+    )
+    return wl, dict(HUGECTR_CONFIG, batch_per_gpu=mb)
+
+
 def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
-    """Workload and config of one published TorchRec DLRM run (a ``workload == 'dlrm'`` row).
+    """Workload and config of one published DLRM run (a ``workload == 'dlrm'`` row).
+
+    Rows of ``dlrm_model`` ``criteo_1tb_dcnv2_multihot`` go to :func:`_dcnv2_case`; the
+    rest are TorchRec DLRM reference runs, priced as below.
 
     What the reference (mlcommons/training ``recommendation_v2/torchrec_dlrm``, README
     "Preliminary Training Results", A100 40GB) ran, from its README and ``dlrm_main.py``:
@@ -770,6 +911,8 @@ def row_case(row: Mapping[str, Any]) -> tuple[Workload, dict[str, Any]]:
       planner falls back to FBGEMM's UVM cache with its default load factor 0.2
       (``UVM_CACHING_RATIO``).
     """
+    if row.get("dlrm_model") == "criteo_1tb_dcnv2_multihot":
+        return _dcnv2_case(row)
     base = PRESETS["dlrm_criteo_dot"]
     tables = tuple(
         replace(t, rows=r) for t, r in zip(base.model.tables, TORCHREC_REFERENCE_ROWS, strict=True)
