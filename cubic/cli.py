@@ -390,31 +390,113 @@ def _trial_json(t: Any) -> dict[str, Any]:
     }
 
 
+ParetoOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--pareto/--no-pareto",
+        help="the Pareto front instead of one best config (default: when the study has "
+        "two or more objectives)",
+    ),
+]
+
+
 @app.command("best")
-def best(study_id: int, db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
-    """The best configuration found so far, and its speed-up over the baseline."""
+def best(
+    study_id: int,
+    db: DbOpt = None,
+    url: UrlOpt = None,
+    json_out: JsonOpt = False,
+    pareto: ParetoOpt = None,
+) -> None:
+    """The best configuration found so far and its speed-up over the baseline; for a study
+    of two or more objectives, its Pareto front."""
     if url:
         from cubic.client import CubicClient
 
         with CubicClient(url) as client:
-            out = client.best(study_id)
+            if pareto is None:
+                pareto = len(client.get_study(study_id)["spec"]["objectives"]) > 1
+            out = client.pareto(study_id) if pareto else client.best(study_id)
     else:
         tuner = _tuner(db)
-        b = tuner.best(study_id)
-        if b is None:
-            raise CubicError(f"study {study_id} has no complete trial yet")
-        out = {
-            "study_id": study_id,
-            "metric": tuner.resolved(study_id).spec.objectives[0].metric,
-            "trial": _trial_json(b.trial),
-            "value": b.value,
-            "baseline_value": b.baseline_value,
-            "speedup": b.speedup,
-        }
+        if pareto is None:
+            pareto = len(tuner.resolved(study_id).spec.objectives) > 1
+        if pareto:
+            out = _pareto_json(tuner, study_id)
+        else:
+            b = tuner.best(study_id)
+            if b is None:
+                raise CubicError(f"study {study_id} has no complete trial yet")
+            out = {
+                "study_id": study_id,
+                "metric": tuner.resolved(study_id).spec.objectives[0].metric,
+                "trial": _trial_json(b.trial),
+                "value": b.value,
+                "baseline_value": b.baseline_value,
+                "speedup": b.speedup,
+            }
     if json_out:
         _print_json(out)
         return
-    print_best(out)
+    if pareto:
+        print_pareto(out)
+    else:
+        print_best(out)
+
+
+def _pareto_json(tuner: Any, study_id: int) -> dict[str, Any]:
+    """The Pareto front from the local database, shaped as the service's answer."""
+    front = tuner.pareto(study_id)
+    return {
+        "study_id": study_id,
+        "objectives": [
+            {"metric": m, "direction": d}
+            for m, d in zip(front.metrics, front.directions, strict=True)
+        ],
+        "points": [
+            {
+                "values": dict(zip(front.metrics, p.values, strict=True)),
+                "trial": _trial_json(p.trial),
+                "predicted": p.trial.predicted,
+            }
+            for p in front.points
+        ],
+        "n_measured": front.n_measured,
+    }
+
+
+def _figure(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def print_pareto(front: dict[str, Any], out: Console | None = None) -> None:
+    """Print a Pareto-front answer (the JSON of `cubic best --pareto`) as a table: one row
+    per config on the front, best first by the first objective."""
+    out = out or console
+    objectives = front["objectives"]
+    points = front["points"]
+    if not points:
+        out.print(f"study {front['study_id']}: no complete trial within its constraints yet")
+        return
+    arrows = {"maximize": "max", "minimize": "min"}
+    cols = [f"{o['metric']} ({arrows[o['direction']]})" for o in objectives]
+    # Only the knobs that differ along the front: what the trade-off is made of.
+    names = list(dict.fromkeys(k for p in points for k in p["trial"]["params"]))
+    differ = [k for k in names if len({repr(p["trial"]["params"].get(k)) for p in points}) > 1]
+    table = Table(
+        "trial",
+        *cols,
+        "knobs that differ along the front",
+        title=f"Pareto front: {len(points)} of {front['n_measured']} configs measured",
+    )
+    for p in points:
+        params = p["trial"]["params"]
+        table.add_row(
+            str(p["trial"]["number"]),
+            *(_figure(p["values"][o["metric"]]) for o in objectives),
+            " ".join(f"{k}={params.get(k)}" for k in differ),
+        )
+    out.print(table)
 
 
 def print_best(best: dict[str, Any], out: Console | None = None) -> None:

@@ -187,6 +187,11 @@ class CubicClient:
     def best(self, study_id: int) -> dict[str, Any]:
         return self._get(f"/v1/studies/{study_id}/best")
 
+    def pareto(self, study_id: int) -> dict[str, Any]:
+        """The study's Pareto front: ``{"objectives": [...], "points": [{"values", "trial",
+        "predicted"}, ...], "n_measured"}``, best first by the first objective."""
+        return self._get(f"/v1/studies/{study_id}/pareto")
+
     # trials -----------------------------------------------------------------------------
     def trials(
         self, study_id: int, state: str | None = None, limit: int = 500, offset: int = 0

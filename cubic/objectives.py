@@ -60,6 +60,58 @@ def reported_peak_bytes(metrics: Mapping[str, Any] | None) -> float | None:
     return None
 
 
+THROUGHPUT_POWER = {
+    "throughput": 1,
+    "tokens_per_s": 1,
+    "samples_per_s": 1,
+    "mfu": 1,
+    "cost": -1,
+    "step_time_s": -1,
+}
+"""How each throughput-derived objective scales with throughput on a fixed cluster: as
+throughput itself (MFU) or as its inverse (cost, step time). Peak memory is the one
+objective that does not follow throughput."""
+MEMORY_METRIC = "peak_memory_gb"
+"""The peak-memory objective: per GPU, in 10^9 bytes (``peak_memory_gib`` is read too)."""
+
+
+def cost_per_million(throughput: Any, num_gpus: Any) -> Any:
+    """GPU-hours per million tokens (LLM) or samples (DLRM): the ``cost`` objective, from a
+    throughput (tokens or samples per second over the whole job) and the GPUs it holds.
+    Works on floats and NumPy arrays alike; every producer of ``cost`` computes it here."""
+    return num_gpus / (throughput * 3600.0) * 1e6
+
+
+def job_gpus(workload: Workload, params: Mapping[str, Any] | None = None) -> int:
+    """The GPUs a config runs on: its ``num_gpus`` knob if the space has one, else the
+    cluster's."""
+    return int((params or {}).get("num_gpus", workload.cluster.num_gpus))
+
+
+def metric_value(metrics: Mapping[str, Any], name: str, gpus: int | None = None) -> float | None:
+    """A metric of a job as a finite number, or None. A job that reports its throughput but
+    not its ``cost`` gets the cost derived (:func:`cost_per_million`, when ``gpus`` is known),
+    and ``peak_memory_gb`` is read from ``peak_memory_gib`` too."""
+    v = number(metrics.get(name))
+    if v is not None:
+        return v
+    if name == "cost" and gpus:
+        thr = next(
+            (
+                t
+                for k in ("throughput", "tokens_per_s", "samples_per_s")
+                for t in [number(metrics.get(k))]
+                if t is not None and t > 0
+            ),
+            None,
+        )
+        return None if thr is None else float(cost_per_million(thr, gpus))
+    if name == MEMORY_METRIC:
+        peak = reported_peak_bytes(metrics)
+        return None if peak is None else peak / 1e9
+    return None
+
+
 def violations(
     spec: StudySpec,
     workload: Workload,
@@ -79,21 +131,32 @@ def violations(
     err = number(metrics.get("error_score"))
     if c.max_error_score is not None and err is not None and err > c.max_error_score:
         out.append(f"numerical-error score {err:.3g} exceeds {c.max_error_score:.3g}")
-    gpus = (params or {}).get("num_gpus", workload.cluster.num_gpus)
-    if c.max_gpus is not None and int(gpus) > c.max_gpus:
-        out.append(f"uses {int(gpus)} GPUs, more than max_gpus={c.max_gpus}")
+    gpus = job_gpus(workload, params)
+    if c.max_gpus is not None and gpus > c.max_gpus:
+        out.append(f"uses {gpus} GPUs, more than max_gpus={c.max_gpus}")
     return out
 
 
-def objective_values(spec: StudySpec, metrics: Mapping[str, Any]) -> list[float] | None:
-    """The objective values of a complete trial, or None when a metric is missing."""
+def objective_values(
+    spec: StudySpec, metrics: Mapping[str, Any], gpus: int | None = None
+) -> list[float] | None:
+    """The objective values of a complete trial, or None when a metric is missing (``gpus``:
+    what the job ran on, so that a cost it did not report is derived, see
+    :func:`metric_value`)."""
     vals = []
     for o in spec.objectives:
-        v = number(metrics.get(o.metric))
+        v = metric_value(metrics, o.metric, gpus)
         if v is None:
             return None
         vals.append(v)
     return vals
+
+
+def missing_objectives(
+    spec: StudySpec, metrics: Mapping[str, Any], gpus: int | None = None
+) -> list[str]:
+    """The objectives whose value a report neither gives nor lets cubic derive."""
+    return [o.metric for o in spec.objectives if metric_value(metrics, o.metric, gpus) is None]
 
 
 def better(spec: StudySpec, a: float, b: float) -> bool:

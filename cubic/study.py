@@ -20,8 +20,16 @@ from cubic.space import Space, SpaceError
 from cubic.workload import Workload, WorkloadError, get_workload
 
 STRATEGIES = ("random", "tpe", "gp", "qmc", "grid", "cubic")
-METRICS = ("throughput", "tokens_per_s", "samples_per_s", "mfu", "cost", "step_time_s")
-_DEFAULT_DIRECTION = {"cost": "minimize", "step_time_s": "minimize"}
+METRICS = (
+    "throughput",
+    "tokens_per_s",
+    "samples_per_s",
+    "mfu",
+    "cost",
+    "step_time_s",
+    "peak_memory_gb",
+)
+_DEFAULT_DIRECTION = {"cost": "minimize", "step_time_s": "minimize", "peak_memory_gb": "minimize"}
 
 
 class _Spec(BaseModel):
@@ -29,7 +37,10 @@ class _Spec(BaseModel):
 
 
 class Objective(_Spec):
-    """One measured metric to optimise. ``cost`` is GPU-hours per million tokens or samples."""
+    """One measured metric to optimise. ``cost`` is GPU-hours per million tokens or samples
+    (derived from the throughput when a job does not report it); ``peak_memory_gb`` is the
+    peak memory per GPU in 10^9 bytes. With two or more objectives the study's result is
+    its Pareto front (see :mod:`cubic.pareto`)."""
 
     metric: Literal[METRICS] = "throughput"  # type: ignore[valid-type]
     direction: Literal["maximize", "minimize"] | None = None

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from cubic.errors import Conflict, CubicError, InvalidInput
-from cubic.objectives import better, check_metrics, objective_values, violations
+from cubic.objectives import (
+    better,
+    check_metrics,
+    job_gpus,
+    missing_objectives,
+    objective_values,
+    violations,
+)
 from cubic.outcome import Outcome
 from cubic.space import SpaceError
 from cubic.store import Store
@@ -86,6 +93,25 @@ class Best:
         if self.minimize:
             return self.baseline_value / self.value
         return self.value / self.baseline_value
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoPoint:
+    """A trial on a study's Pareto front and its objective values (in the spec's order)."""
+
+    trial: Trial
+    values: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoFront:
+    """A study's non-dominated trials, best first by the first objective, out of
+    ``n_measured`` distinct configs measured within the constraints."""
+
+    points: list[ParetoPoint]
+    metrics: list[str]
+    directions: list[str]
+    n_measured: int
 
 
 class Tuner:
@@ -256,10 +282,9 @@ class Tuner:
             if metrics:
                 check_metrics(r.spec, metrics, f"{field}.metrics")
             if state == "complete":
-                if objective_values(r.spec, metrics or {}) is None:
-                    missing = [
-                        o.metric for o in r.spec.objectives if o.metric not in (metrics or {})
-                    ]
+                gpus = job_gpus(r.workload, params)
+                if objective_values(r.spec, metrics or {}, gpus) is None:
+                    missing = missing_objectives(r.spec, metrics or {}, gpus)
                     raise InvalidInput(
                         f"{field}.metrics: missing objective metric(s) {missing}",
                         field=f"{field}.metrics",
@@ -464,8 +489,9 @@ class Tuner:
             r = self.resolved(t.study_id)
             check_metrics(r.spec, outcome.metrics)
         if outcome.state == "complete":
-            if objective_values(r.spec, outcome.metrics) is None:
-                missing = [o.metric for o in r.spec.objectives if o.metric not in outcome.metrics]
+            gpus = job_gpus(r.workload, t.params)
+            if objective_values(r.spec, outcome.metrics, gpus) is None:
+                missing = missing_objectives(r.spec, outcome.metrics, gpus)
                 raise InvalidInput(
                     f"metrics: missing objective metric(s) {missing}", field="metrics"
                 )
@@ -562,16 +588,42 @@ class Tuner:
         bt, bv = baseline[-1] if baseline else (None, None)
         return Best(best[0], best[1], bt, bv, minimize=spec.objectives[0].direction == "minimize")
 
-    def _scored(self, study_id: int) -> Iterator[tuple[Trial, float | None]]:
+    def pareto(self, study_id: int) -> ParetoFront:
+        """The study's Pareto front: the complete trials within the constraints that no other
+        such trial beats in every objective (each config once: its newest measurement).
+
+        A single-objective study's front is its best trial (and any that tie with it)."""
+        from cubic.pareto import non_dominated, oriented
+
         spec = self.resolved(study_id).spec
+        directions = [str(o.direction) for o in spec.objectives]
+        latest: dict[str, tuple[Trial, list[float]]] = {}
+        for t, vals in self._scored_all(study_id):
+            if vals is not None:
+                latest[config_key(t.params)] = (t, vals)  # a retry replaces its earlier try
+        rows = sorted(latest.values(), key=lambda tv: tv[0].number)
+        if not rows:
+            return ParetoFront([], [o.metric for o in spec.objectives], directions, 0)
+        on = non_dominated(oriented([v for _, v in rows], directions))
+        front = [ParetoPoint(t, v) for (t, v), keep in zip(rows, on, strict=True) if keep]
+        front.sort(key=lambda p: -p.values[0] if directions[0] == "maximize" else p.values[0])
+        return ParetoFront(front, [o.metric for o in spec.objectives], directions, len(rows))
+
+    def _scored(self, study_id: int) -> Iterator[tuple[Trial, float | None]]:
+        for t, vals in self._scored_all(study_id):
+            yield t, vals[0] if vals else None
+
+    def _scored_all(self, study_id: int) -> Iterator[tuple[Trial, list[float] | None]]:
+        """Finished trials with their objective values (None unless complete and within the
+        constraints)."""
+        r = self.resolved(study_id)
         for t in self.store.list_trials(
             study_id, states=[TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED]
         ):
-            v = None
+            vals = None
             if t.state == TrialState.COMPLETE and t.metrics and not (t.error or ""):
-                vals = objective_values(spec, t.metrics)
-                v = vals[0] if vals else None
-            yield t, v
+                vals = objective_values(r.spec, t.metrics, job_gpus(r.workload, t.params))
+            yield t, vals
 
 
 def _refuse_unfit(resolved: ResolvedStudy) -> None:

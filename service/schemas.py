@@ -528,6 +528,53 @@ class BestOut(BaseModel):
     speedup: float | None = Field(description="times better than the baseline (> 1: faster)")
 
 
+class ObjectiveOut(BaseModel):
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+
+class ParetoPointOut(BaseModel):
+    """A trial on the Pareto front, with its value of each objective."""
+
+    values: dict[str, float] = Field(description="the trial's value of each objective, by metric")
+    trial: TrialOut
+    predicted: dict[str, Any] | None = Field(description="what the proxy model predicted")
+
+
+class ParetoOut(BaseModel):
+    """The study's Pareto front: the complete trials within the constraints that no other
+    one beats on every objective, best first by the first objective."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "study_id": 5,
+                    "objectives": [
+                        {"metric": "tokens_per_s", "direction": "maximize"},
+                        {"metric": "peak_memory_gb", "direction": "minimize"},
+                    ],
+                    "points": [
+                        {
+                            "values": {"tokens_per_s": 185601.6, "peak_memory_gb": 41.2},
+                            "trial": TrialOut.model_config["json_schema_extra"]["examples"][0],  # type: ignore[index]
+                            "predicted": None,
+                        }
+                    ],
+                    "n_measured": 28,
+                }
+            ]
+        }
+    )
+
+    study_id: int
+    objectives: list[ObjectiveOut]
+    points: list[ParetoPointOut] = Field(
+        description="the non-dominated trials (empty until one is complete)"
+    )
+    n_measured: int = Field(description="distinct configs measured within the constraints")
+
+
 STUDY_SPEC_EXAMPLE: dict[str, Any] = {
     "name": "llama3-8b-h100x16",
     "workload": {

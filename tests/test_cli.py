@@ -326,3 +326,45 @@ def test_a_bad_database_url_or_hardware_file_is_one_line(tmp_path: Path) -> None
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("error: CUBIC_HARDWARE:") and "unknown gpu 'nope'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_best_of_a_two_objective_study_is_its_pareto_front(tmp_path: Path) -> None:
+    from cubic.cli import _tuner
+    from cubic.sim.job import NoiseModel, run_job
+
+    db = tmp_path / "mo.db"
+    cubic("db", "upgrade", db=db)
+    study = tmp_path / "s.yaml"
+    study.write_text(
+        "name: memory-vs-speed\n"
+        "workload: {preset: llama3_8b, cluster: {gpu: h100_sxm, num_gpus: 16}}\n"
+        f"space: {SPACES / 'llm_pretrain.yaml'}\n"
+        "objectives: [{metric: tokens_per_s}, {metric: peak_memory_gb}]\n"
+        "budget: {max_trials: 10, max_parallel: 2}\n"
+        "strategy: {name: random, seed: 3}\n"
+    )
+    sid = json.loads(cubic("study", "create", str(study), "--json", db=db).stdout)["id"]
+    tuner = _tuner(f"sqlite:///{db}")
+    workload = tuner.resolved(sid).workload
+    while leased := tuner.lease(sid, "w", 2).trials:
+        for t in leased:
+            tuner.tell(t.id, t.lease_token, run_job(workload, t.params, noise=NoiseModel.off()))
+    expected = tuner.pareto(sid)
+    assert expected.points
+
+    out = json.loads(cubic("best", str(sid), "--json", db=db).stdout)
+    assert out["objectives"] == [
+        {"metric": "tokens_per_s", "direction": "maximize"},
+        {"metric": "peak_memory_gb", "direction": "minimize"},
+    ]
+    assert [p["trial"]["id"] for p in out["points"]] == [p.trial.id for p in expected.points]
+    assert out["points"][0]["values"]["tokens_per_s"] == max(p.values[0] for p in expected.points)
+    assert out == json.loads(cubic("best", str(sid), "--pareto", "--json", db=db).stdout)
+
+    table = cubic("best", str(sid), db=db).stdout
+    assert "Pareto front" in table and "peak_memory_gb (min)" in table
+    for p in expected.points:
+        assert f"{p.values[0]:,.0f}" in table
+    # --no-pareto: the best by the first objective, as for a single-objective study.
+    single = json.loads(cubic("best", str(sid), "--no-pareto", "--json", db=db).stdout)
+    assert single["trial"]["id"] == expected.points[0].trial.id

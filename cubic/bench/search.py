@@ -21,6 +21,15 @@ on the simulated cluster, without a database so that hundreds of runs take minut
   curve may dip a little: that is what noise costs a user. ``best_tried`` (the best true
   value among the configs tried so far) is monotone and bounds it from above.
 
+Multi-objective studies (two or more objectives, such as the throughput against peak memory
+study in ``search_spaces/bench_mo/``) are scored by hypervolume instead: the true front comes
+from the same exhaustive simulation, its nadir plus a tenth of its range is the reference
+point (:func:`cubic.pareto.reference_point`), and the score after ``n`` trials is the
+hypervolume of the true values of the configs on the *measured* front over the true front's
+(1.0: the whole front found). Their landscape carries ``objectives``, ``directions``,
+``front`` (the true front's values) and ``reference``; ``optimum`` is the true front's
+hypervolume (with every objective maximised: minimised ones negated).
+
 Counting: the ``n``-th trial is the ``n``-th proposal whose last attempt has finished, in
 finish order. The infeasible share counts trials that could not run and complete trials
 that broke a constraint (memory headroom, error bound), as the tuner treats both.
@@ -37,7 +46,8 @@ JSON written by :meth:`BenchResult.to_dict` (``version`` 1)::
     settings: {studies, strategies, seeds, workers, budget, checkpoints, targets, transfer,
                noise}
     studies:  {name: {file, kind, workload, cluster, metric, direction, size,
-                      infeasible_share, optimum, optimum_config, baseline_ratio}}
+                      infeasible_share, optimum, optimum_config, baseline_ratio,
+                      objectives, directions, front, reference}}
     runs:     [{study, strategy, seed, curve, best_tried, trials_to, n_trials, n_attempts,
                 n_failed, n_infeasible, infeasible_share, best_config, best_measured,
                 best_ratio, proxy_tau, prior_trials, wall_s, makespan_s}]
@@ -69,8 +79,16 @@ from typing import Any
 import numpy as np
 
 from cubic.errors import InvalidInput
-from cubic.objectives import better, objective_values, violations
+from cubic.objectives import (
+    MEMORY_METRIC,
+    better,
+    cost_per_million,
+    job_gpus,
+    objective_values,
+    violations,
+)
 from cubic.outcome import Outcome
+from cubic.pareto import hypervolume, non_dominated, oriented, reference_point
 from cubic.sim import SimResult, simulate
 from cubic.sim.job import NoiseModel, job_duration, run_job
 from cubic.store.objects import Trial, TrialState
@@ -108,12 +126,25 @@ class StudyInfo:
     optimum: float
     optimum_config: dict[str, Any]
     baseline_ratio: float | None
+    objectives: list[str] = field(default_factory=list)
+    directions: list[str] = field(default_factory=list)
+    front: list[list[float]] = field(default_factory=list)
+    reference: list[float] | None = None
+
+    @property
+    def multi(self) -> bool:
+        """Whether the study has two or more objectives: its score is then a hypervolume."""
+        return len(self.objectives) > 1
 
 
 def _true_values(
-    study: ResolvedStudy, res: SimResult, params: Mapping[str, Any] | None = None
+    study: ResolvedStudy,
+    res: SimResult,
+    params: Mapping[str, Any] | None = None,
+    objective: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(noise-free objective value, respects every constraint) per simulated config.
+    """(noise-free value of the ``objective``-th objective, respects every constraint) per
+    simulated config.
 
     The vectorised twin of :func:`cubic.objectives.violations` on what a noise-free job
     would report.
@@ -128,7 +159,7 @@ def _true_values(
     if c.max_gpus is not None:
         gpus = np.asarray((params or {}).get("num_gpus", wl.cluster.num_gpus))
         ok &= np.broadcast_to(gpus <= c.max_gpus, ok.shape)
-    metric = spec.objectives[0].metric
+    metric = spec.objectives[objective].metric
     thr = np.where(ok, res.throughput, np.nan)
     if metric in ("throughput", "tokens_per_s", "samples_per_s"):
         value = thr
@@ -136,10 +167,29 @@ def _true_values(
         value = np.where(ok, res.mfu, np.nan)
     elif metric == "step_time_s":
         value = np.where(ok, res.step_time, np.nan)
+    elif metric == MEMORY_METRIC:
+        value = np.where(ok, res.peak_memory / 1e9, np.nan)
     else:  # cost: GPU-hours per million tokens or samples, as run_job reports it
+        gpus = np.asarray((params or {}).get("num_gpus", wl.cluster.num_gpus))
         with np.errstate(divide="ignore"):
-            value = wl.cluster.num_gpus / (thr * 3600.0) * 1e6
+            value = cost_per_million(thr, gpus)
     return np.asarray(value, dtype=float), ok
+
+
+def _true_points(
+    study: ResolvedStudy, res: SimResult, params: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(noise-free objective values, one column per objective and every column maximised,
+    respects every constraint) per simulated config."""
+    cols = [
+        _true_values(study, res, params, objective=i)[0] for i in range(len(study.spec.objectives))
+    ]
+    _, ok = _true_values(study, res, params)
+    return oriented(np.stack(cols, axis=1), _directions(study)), ok
+
+
+def _directions(study: ResolvedStudy) -> list[str]:
+    return [str(o.direction) for o in study.spec.objectives]
 
 
 def _ratio(study: ResolvedStudy, values: np.ndarray, optimum: float) -> np.ndarray:
@@ -190,7 +240,8 @@ def landscape(study: ResolvedStudy, file: str | Path | None = None) -> StudyInfo
         raise InvalidInput(
             f"{study.spec.name}: the space has no valid configuration", field="space"
         )
-    values, ok = _true_values(study, simulate(study.workload, arrays), arrays)
+    res = simulate(study.workload, arrays)
+    values, ok = _true_values(study, res, arrays)
     if not ok.any():
         raise InvalidInput(
             f"{study.spec.name}: no configuration of the space is feasible", field="space"
@@ -206,6 +257,25 @@ def landscape(study: ResolvedStudy, file: str | Path | None = None) -> StudyInfo
         bv, _ = _true_values(study, simulate(study.workload, [base]))
         baseline_ratio = float(_ratio(study, bv, optimum)[0])
     wl = study.workload
+    multi: dict[str, Any] = {}
+    if len(study.spec.objectives) > 1:
+        # The true front, from every valid config; its hypervolume is what a search's found
+        # front is scored against (the "optimum" of a multi-objective study).
+        pts, _ = _true_points(study, res, arrays)
+        rows = np.flatnonzero(ok)
+        on = rows[non_dominated(pts[rows])]
+        front = np.unique(pts[on], axis=0)
+        ref = reference_point(front)
+        best = int(on[np.argmax(pts[on, 0])])
+        optimum = hypervolume(front, ref)
+        config = study.space.from_arrays({k: v[best : best + 1] for k, v in arrays.items()})[0]
+        sign = np.array([1.0 if d == "maximize" else -1.0 for d in _directions(study)])
+        multi = {
+            "objectives": [o.metric for o in study.spec.objectives],
+            "directions": _directions(study),
+            "front": (front * sign).tolist(),
+            "reference": (ref * sign).tolist(),
+        }
     info = StudyInfo(
         name=study.spec.name,
         file=None if file is None else str(file),
@@ -218,7 +288,8 @@ def landscape(study: ResolvedStudy, file: str | Path | None = None) -> StudyInfo
         infeasible_share=float(1.0 - ok.mean()),
         optimum=optimum,
         optimum_config=config,
-        baseline_ratio=baseline_ratio,
+        baseline_ratio=None if multi else baseline_ratio,
+        **multi,
     )
     _LANDSCAPES[key] = info
     return info
@@ -415,12 +486,25 @@ def score_run(
     prior_trials: int = 0,
     with_tau: bool = True,
 ) -> RunResult:
-    """Curves and counts of one run, scored by true values against the study's optimum."""
+    """Curves and counts of one run, scored by true values against the study's optimum
+    (the true front's hypervolume for a multi-objective study: :func:`_front_curves`)."""
     retried = {t.retry_of for t in trials if t.retry_of is not None}
     final = sorted(
         (t for t in trials if t.id not in retried and t.is_finished),
         key=lambda t: (t.finished_at, t.number),
     )
+    if info.multi:
+        return _score_front(
+            study,
+            info,
+            trials,
+            final,
+            strategy=strategy,
+            seed=seed,
+            wall_s=wall_s,
+            prior_trials=prior_trials,
+            with_tau=with_tau,
+        )
     if trials:
         values, _ = _true_values(study, simulate(study.workload, [t.params for t in trials]))
         ratio = _ratio(study, values, info.optimum)
@@ -470,6 +554,86 @@ def score_run(
         wall_s=wall_s,
         makespan_s=max(ends, default=0.0),
     )
+
+
+def _score_front(
+    study: ResolvedStudy,
+    info: StudyInfo,
+    trials: Sequence[Trial],
+    final: Sequence[Trial],
+    **kw: Any,
+) -> RunResult:
+    """:func:`score_run` of a multi-objective study. After ``n`` trials the found front is
+    the set of complete trials within the constraints that no other one beats on every
+    *measured* objective, as a user reads it off ``cubic best --pareto``; its score is the
+    hypervolume of those configs' *true* values over the true front's, both from the true
+    front's reference point (:func:`cubic.pareto.reference_point`). ``best_tried`` scores
+    every config tried that runs within the constraints, whatever was measured."""
+    spec = study.spec
+    directions = _directions(study)
+    ref = oriented([info.reference], directions)[0]
+    if trials:
+        params = [t.params for t in trials]
+        true, ok = _true_points(study, simulate(study.workload, params))
+    else:
+        true, ok = np.zeros((0, len(directions))), np.zeros(0, dtype=bool)
+    curve: list[float] = []
+    tried: list[float] = []
+    measured: list[tuple[list[float], Trial]] = []
+    runs: list[int] = []
+    n_infeasible = 0
+    for t in final:
+        vals = None
+        if t.state == TrialState.COMPLETE and t.metrics and not t.error:
+            vals = objective_values(spec, t.metrics, job_gpus(study.workload, t.params))
+        elif t.state in (TrialState.INFEASIBLE, TrialState.COMPLETE):
+            n_infeasible += 1
+        if vals is not None:
+            measured.append((vals, t))
+            if ok[t.number]:
+                runs.append(t.number)
+        on = _measured_front(measured, directions)
+        rows = [measured[i][1].number for i in on if ok[measured[i][1].number]]
+        curve.append(hypervolume(true[rows], ref) / info.optimum if rows else 0.0)
+        tried.append(hypervolume(true[runs], ref) / info.optimum if runs else 0.0)
+    trials_to = {
+        f"{x:g}": next((i + 1 for i, v in enumerate(curve) if v >= x), None) for x in TARGETS
+    }
+    top = None
+    on = _measured_front(measured, directions)
+    if on:
+        top = max((measured[i] for i in on), key=lambda vt: oriented([vt[0]], directions)[0, 0])
+    ends = [(t.finished_at - _EPOCH).total_seconds() for t in final]
+    return RunResult(
+        study=spec.name,
+        strategy=kw["strategy"],
+        seed=kw["seed"],
+        curve=curve,
+        best_tried=tried,
+        trials_to=trials_to,
+        n_trials=len(final),
+        n_attempts=len(trials),
+        n_failed=sum(t.state == TrialState.FAILED for t in trials),
+        n_infeasible=n_infeasible,
+        infeasible_share=n_infeasible / len(final) if final else 0.0,
+        best_config=dict(top[1].params) if top else None,
+        best_measured=top[0][0] if top else None,
+        best_ratio=curve[-1] if curve else 0.0,
+        proxy_tau=proxy_tau(study, trials) if kw["with_tau"] else None,
+        prior_trials=kw["prior_trials"],
+        wall_s=kw["wall_s"],
+        makespan_s=max(ends, default=0.0),
+    )
+
+
+def _measured_front(
+    measured: Sequence[tuple[list[float], Trial]], directions: list[str]
+) -> list[int]:
+    """Indices of the measured points no other measured point dominates."""
+    if not measured:
+        return []
+    pts = oriented([v for v, _ in measured], directions)
+    return np.flatnonzero(non_dominated(pts)).tolist()
 
 
 def proxy_tau(study: ResolvedStudy, trials: Sequence[Trial], k: int = 5) -> float | None:
@@ -737,12 +901,17 @@ class BenchResult:
             studies.add_column(col, justify="left" if col in ("study", "workload") else "right")
         for s in self.studies.values():
             base = "-" if s.baseline_ratio is None else f"{s.baseline_ratio:.3f}"
+            optimum = (
+                f"front of {len(s.front)}: {' vs '.join(s.objectives)}"
+                if s.multi
+                else f"{s.optimum:,.0f} {s.metric}"
+            )
             studies.add_row(
                 s.name,
                 f"{s.workload} on {s.cluster}",
                 f"{s.size:,}",
                 f"{s.infeasible_share:.0%}",
-                f"{s.optimum:,.0f} {s.metric}",
+                optimum,
                 base,
             )
         seeds = len(self.settings.get("seeds", []))
@@ -750,7 +919,13 @@ class BenchResult:
             title=f"best found / optimum (true value): median [IQR] over {seeds} "
             f"seeds, {self.settings.get('workers')} workers",
             caption="infeasible: mean share of trials that could not run or broke a constraint; "
-            "tau: median cross-validated Kendall tau of the proxy on each run's trials",
+            "tau: median cross-validated Kendall tau of the proxy on each run's trials"
+            + (
+                "; a study of two or more objectives scores the hypervolume of its found "
+                "front over the true front's"
+                if any(s.multi for s in self.studies.values())
+                else ""
+            ),
         )
         scores.add_column("study")
         scores.add_column("strategy")

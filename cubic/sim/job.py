@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from cubic.objectives import cost_per_million
 from cubic.outcome import Outcome
 from cubic.sim import simulate
 from cubic.workload import Workload
@@ -110,7 +111,7 @@ def run_job(
         "error_score": row["error_score"],
         "gpu_hours": float(times.sum()) * n_gpus / 3600.0,
         # GPU-hours per million tokens (LLM) or samples (DLRM): the cost objective.
-        "cost": n_gpus / (throughput * 3600.0) * 1e6,
+        "cost": cost_per_million(throughput, n_gpus),
         "steps": steps,
         "warmup_steps": noise.warmup_steps,
     }

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cubic.objectives import objective_values, violations
+from cubic.objectives import job_gpus, objective_values, violations
 from cubic.store.objects import Trial, TrialState
 from cubic.study import ResolvedStudy
 
@@ -197,6 +197,6 @@ class Strategy(ABC):
             return None, 1.0
         if trial.state != TrialState.COMPLETE or not trial.metrics:
             return None, 0.0
-        vals = objective_values(spec, trial.metrics)
+        vals = objective_values(spec, trial.metrics, job_gpus(self.study.workload, trial.params))
         bad = violations(spec, self.study.workload, trial.metrics, trial.params)
         return vals, float(len(bad))

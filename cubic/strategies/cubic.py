@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cubic.objectives import objective_values, violations
+from cubic.objectives import (
+    MEMORY_METRIC,
+    THROUGHPUT_POWER,
+    job_gpus,
+    metric_value,
+    objective_values,
+    violations,
+)
 from cubic.space import SpaceError
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies.base import Proposal, Strategy, config_key
@@ -102,6 +109,7 @@ class CubicStrategy(Strategy):
         ei_floor: float = 0.03,
         scout_below: float = 0.95,
         novelty_sd: float = 0.03,
+        ehvi_samples: int = 32,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -132,6 +140,7 @@ class CubicStrategy(Strategy):
         self.ei_floor = ei_floor
         self.scout_below = scout_below
         self.novelty_sd = novelty_sd
+        self.ehvi_samples = ehvi_samples
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
@@ -452,12 +461,18 @@ class CubicStrategy(Strategy):
         return out
 
     def _value(self, t: Trial) -> tuple[float | None, bool]:
-        """(positive value to learn, feasible) of a finished trial of this study."""
+        """(positive value to learn, feasible) of a finished trial of this study.
+
+        With two or more objectives the proxy learns the throughput (from the first
+        objective that follows it: throughput, cost, MFU or step time), from which it
+        predicts each of those; peak memory comes from the memory model."""
         spec = self.study.spec
         if t.state == TrialState.INFEASIBLE:
             return None, False
         if t.state != TrialState.COMPLETE or not t.metrics:
             return None, True
+        if len(spec.objectives) > 1:
+            return self._throughput_value(t)
         vals = objective_values(spec, t.metrics)
         if vals is None or vals[0] <= 0:
             return None, True
@@ -465,6 +480,24 @@ class CubicStrategy(Strategy):
             return None, False
         v = vals[0]
         return (v if spec.objectives[0].direction == "maximize" else 1.0 / v), True
+
+    def _throughput_value(self, t: Trial) -> tuple[float | None, bool]:
+        """:meth:`_value` of a complete trial of a multi-objective study."""
+        spec, wl = self.study.spec, self.study.workload
+        vals = objective_values(spec, t.metrics or {}, job_gpus(wl, t.params))
+        i = self._learned_objective()
+        if vals is None or vals[i] <= 0:
+            return None, True
+        if violations(spec, wl, t.metrics or {}, t.params):
+            return None, False
+        return float(vals[i] ** THROUGHPUT_POWER[spec.objectives[i].metric]), True
+
+    def _learned_objective(self) -> int:
+        """The objective the proxy learns in a multi-objective study (one that follows the
+        throughput; a spec with two distinct metrics always has one)."""
+        return next(
+            i for i, o in enumerate(self.study.spec.objectives) if o.metric in THROUGHPUT_POWER
+        )
 
     def _training_set(
         self, history: Sequence[Trial]
@@ -611,6 +644,9 @@ class CubicStrategy(Strategy):
             reverse=True,
         )
         out = [t.params for _, t in ranked[:8]]
+        if len(self.study.spec.objectives) > 1:  # and every trial on the measured front
+            front = self._measured_front(history)[0]
+            out += [t.params for t in front if t.params not in out]
         if len(ranked) < self.warmup:
             out += self._prior_elites()
         return out
@@ -776,6 +812,8 @@ class CubicStrategy(Strategy):
             return self._space_filling(history, n, seen, rng)
         from cubic.proxy.features import featurize, knows_knobs
 
+        if len(self.study.spec.objectives) > 1:
+            return self._guided_front(model, history, n, seen, rng)
         pool, X, pos, N = self._pool(history, seen, rng)
         if not pool:  # every runnable config has been tried
             return self._space_filling(history, n, seen, rng)
@@ -860,6 +898,246 @@ class CubicStrategy(Strategy):
                     score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
                 score[j] = -1.0
                 scores[key] = score
+        return out
+
+    # several objectives: the Pareto front -------------------------------------------------
+    def _directions(self) -> list[str]:
+        return [str(o.direction) for o in self.study.spec.objectives]
+
+    def _measured_front(self, history: Sequence[Trial]) -> tuple[list[Trial], np.ndarray]:
+        """The complete trials within the constraints on this study's measured front, and
+        every such trial's objective values (rows; every column maximised)."""
+        from cubic.pareto import non_dominated, oriented
+
+        spec, wl = self.study.spec, self.study.workload
+        rows: list[tuple[Trial, list[float]]] = []
+        for t in history:
+            if t.state != TrialState.COMPLETE or not t.metrics:
+                continue
+            vals = objective_values(spec, t.metrics, job_gpus(wl, t.params))
+            if vals is not None and not violations(spec, wl, t.metrics, t.params):
+                rows.append((t, vals))
+        if not rows:
+            return [], np.zeros((0, len(spec.objectives)))
+        pts = oriented([v for _, v in rows], self._directions())
+        on = non_dominated(pts)
+        return [t for (t, _), keep in zip(rows, on, strict=True) if keep], pts
+
+    def _objective_offsets(self, history: Sequence[Trial]) -> np.ndarray:
+        """Per objective that follows the throughput, log(value) - power * log(throughput)
+        over the measured trials (the median; a constant of the cluster: GPU count for
+        cost, peak FLOP/s for MFU); 0 for the others."""
+        spec, wl = self.study.spec, self.study.workload
+        out = np.zeros(len(spec.objectives))
+        for i, o in enumerate(spec.objectives):
+            if o.metric not in THROUGHPUT_POWER:
+                continue
+            diffs = []
+            for t in history:
+                thr, _ = self._value(t)
+                v = metric_value(t.metrics or {}, o.metric, job_gpus(wl, t.params))
+                if thr is not None and v is not None and v > 0:
+                    diffs.append(np.log(v) - THROUGHPUT_POWER[o.metric] * np.log(thr))
+            out[i] = float(np.median(diffs)) if diffs else 0.0
+        return out
+
+    def _predicted_objectives(
+        self, history: Sequence[Trial], mu: np.ndarray, sd: np.ndarray, X: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(mean, sd) of each candidate's log objective values (columns: the objectives),
+        and which columns share the throughput's uncertainty: every objective that follows
+        the throughput from the proxy's prediction of it, peak memory from the memory model
+        (the arithmetic estimate corrected by this study's reports)."""
+        objectives = self.study.spec.objectives
+        offsets = self._objective_offsets(history)
+        m = np.zeros((len(X), len(objectives)))
+        s = np.zeros_like(m)
+        shared = np.zeros(len(objectives), dtype=bool)
+        for i, o in enumerate(objectives):
+            if o.metric == MEMORY_METRIC:
+                from cubic.proxy.memory import estimate_ratio
+
+                err, err_sd = self._memory_model(history).log_error(X)
+                hbm_gb = self.study.workload.gpu.hbm_bytes / 1e9
+                est = estimate_ratio(self.study.workload.kind, X)
+                m[:, i] = np.log(est) + err + np.log(hbm_gb)
+                s[:, i] = err_sd
+            else:
+                m[:, i] = THROUGHPUT_POWER[o.metric] * mu + offsets[i]
+                s[:, i] = sd
+                shared[i] = True
+        return m, s, shared
+
+    def _guided_front(
+        self,
+        model: ProxyModel,
+        history: Sequence[Trial],
+        n: int,
+        seen: set[str],
+        rng: np.random.Generator,
+    ) -> list[Proposal]:
+        """A model-guided round of a study of two or more objectives: greedy batch expected
+        hypervolume improvement over the measured front.
+
+        Each candidate's objective values are drawn ``ehvi_samples`` times from the models'
+        predictions (the throughput's spread, novelty included, shared by every objective
+        that follows it; the memory model's for peak memory), and its expected improvement
+        of the front's hypervolume is the mean over the draws, times the probabilities of
+        running and of fitting as in the single-objective rounds. The reference point is the
+        rule of :func:`cubic.pareto.reference_point` applied to the measured front together
+        with the front the models predict over the candidates, so that both ends of the
+        front (the fastest config, the leanest) are worth reaching. After each pick its
+        predicted values join the front (a believed result), so the batch spreads along the
+        front instead of crowding one gap."""
+        from cubic.pareto import improvement_2d, non_dominated, oriented, reference_point
+
+        directions = self._directions()
+        if len(directions) != 2:
+            return self._guided_scalarised(model, history, n, seen, rng)
+        pool, X, pos, N = self._pool(history, seen, rng)
+        if not pool:
+            return self._space_filling(history, n, seen, rng)
+        mu, sd = model.predict_log(X)
+        p = model.feasible(X)
+        p_fit = self._memory_model(history).p_fit(X)
+        from cubic.proxy.features import featurize, knows_knobs
+
+        if not knows_knobs(self.study.workload.kind, self.study.space.names):
+            p_fit = np.ones(len(X))
+        _, measured_pts = self._measured_front(history)
+        valued = [t for t in history if self._value(t)[0] is not None]
+        if valued and self.novelty_sd > 0:
+            novel = self._novelty(valued, pos)
+            sd = np.sqrt(sd**2 + novel * self.novelty_sd**2)
+        m, s, shared = self._predicted_objectives(history, mu, sd, X)
+        sign = np.array([1.0 if d == "maximize" else -1.0 for d in directions])
+        mean_pts = oriented(np.exp(m), directions)
+        bounded, fresh = self._bound_check(history, N)
+        likely = (p >= self.min_feasible) & bounded & (p_fit >= 0.5)
+        basis = mean_pts[likely] if likely.any() else mean_pts
+        ref = reference_point(np.concatenate([measured_pts, basis[non_dominated(basis)]]))
+        # Draws: common random numbers across candidates (the same z for every row), one
+        # shared draw for the throughput's objectives and one for memory's.
+        k = max(1, int(self.ehvi_samples))
+        z_thr = rng.standard_normal(k)
+        z_mem = rng.standard_normal(k)
+        z = np.where(shared[None, :], z_thr[:, None], z_mem[:, None])  # (k, objectives)
+        draws = sign * np.exp(m[:, None, :] + s[:, None, :] * z[None, :, :])  # (N, k, m)
+        flat = draws.reshape(-1, 2)
+        weight = (
+            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+        )
+        running = [t.params for t in history if not t.is_finished]
+        Xr = (
+            featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
+        )
+        waiting = (
+            self._deferred(history, X, p_fit, Xr)
+            if Xr is not None
+            else np.zeros(len(X), dtype=bool)
+        )
+        front = measured_pts[non_dominated(measured_pts)] if len(measured_pts) else measured_pts
+        # Running trials count as believed results: the batch does not repeat their gain.
+        if running:
+            mr, _ = model.predict_log(Xr)
+            mr_obj, _, _ = self._predicted_objectives(history, mr, np.zeros(len(mr)), Xr)
+            front = np.concatenate([front, oriented(np.exp(mr_obj), directions)])
+        out: list[Proposal] = []
+        alive = np.ones(len(pool), dtype=bool)
+        for _ in range(min(n, len(pool))):
+            ehvi = improvement_2d(flat, front, ref).reshape(len(pool), k).mean(axis=1)
+            score = (ehvi + 1e-12) * weight
+            if np.any(likely & alive):
+                score = np.where(likely, score, score * 1e-6)
+            score = np.where(waiting, score * 1e-3, score)
+            score = np.where(alive, score, -1.0)
+            j = int(np.argmax(score))
+            if score[j] < 0:
+                break
+            vals = (np.exp(m[j])).tolist()
+            out.append(
+                Proposal(
+                    pool[j],
+                    {
+                        "phase": "model",
+                        "value": vals[0],
+                        "values": vals,
+                        "log_std": float(sd[j]),
+                        "p_feasible": float(p[j]),
+                        "p_fit": float(p_fit[j]),
+                        "acquisition": "ehvi",
+                        "score": float(score[j]),
+                    },
+                )
+            )
+            alive[j] = False
+            front = np.concatenate([front, mean_pts[j : j + 1]])
+            waiting = waiting | self._deferred(history, X, p_fit, X[j : j + 1])
+            if fresh[j].any():  # that untested site is now in flight: one trial at a time
+                weight = np.where((fresh & fresh[j]).any(axis=1), weight * 1e-6, weight)
+        return out
+
+    def _guided_scalarised(
+        self,
+        model: ProxyModel,
+        history: Sequence[Trial],
+        n: int,
+        seen: set[str],
+        rng: np.random.Generator,
+    ) -> list[Proposal]:
+        """A model-guided round of three or more objectives (ParEGO): each pick maximises a
+        random augmented Chebyshev scalarisation of the candidates' optimistic predictions
+        (mean plus ``kappa`` spreads, each objective scaled to the candidates' range), times
+        the probabilities of running and of fitting; picks close to an earlier one in
+        knob-rank space are penalised as in single-objective rounds."""
+        pool, X, pos, N = self._pool(history, seen, rng)
+        if not pool:
+            return self._space_filling(history, n, seen, rng)
+        mu, sd = model.predict_log(X)
+        p = model.feasible(X)
+        p_fit = self._memory_model(history).p_fit(X)
+        m, s, _ = self._predicted_objectives(history, mu, sd, X)
+        sign = np.array([1.0 if d == "maximize" else -1.0 for d in self._directions()])
+        opt = sign * m + self.kappa * s  # optimistic, every column maximised (log scale)
+        lo, hi = opt.min(axis=0), opt.max(axis=0)
+        norm = (opt - lo) / np.where(hi > lo, hi - lo, 1.0)
+        weight = (
+            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+        )
+        bounded, _ = self._bound_check(history, N)
+        likely = (p >= self.min_feasible) & bounded
+        penalty = np.ones(len(pool))
+        out: list[Proposal] = []
+        for _ in range(min(n, len(pool))):
+            w = rng.dirichlet(np.ones(len(sign)))
+            cheb = (w * norm).min(axis=1) + 0.05 * (w * norm).sum(axis=1)
+            score = (cheb + 1e-9) * weight * penalty
+            if np.any(likely):
+                score = np.where(likely, score, score * 1e-6)
+            j = int(np.argmax(score))
+            if score[j] <= 0:
+                break
+            vals = np.exp(m[j]).tolist()
+            out.append(
+                Proposal(
+                    pool[j],
+                    {
+                        "phase": "model",
+                        "value": vals[0],
+                        "values": vals,
+                        "log_std": float(sd[j]),
+                        "p_feasible": float(p[j]),
+                        "p_fit": float(p_fit[j]),
+                        "acquisition": "parego",
+                        "score": float(score[j]),
+                    },
+                )
+            )
+            dist = np.abs(pos - pos[j]).sum(axis=1)
+            penalty = penalty * (1.0 - np.exp(-((dist / self.radius) ** 2)))
+            penalty[j] = 0.0
         return out
 
 

@@ -1,4 +1,5 @@
-"""Studies: create (JSON or YAML), list, read with progress, change state, best so far."""
+"""Studies: create (JSON or YAML), list, read with progress, change state, best so far and
+the Pareto front."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from service.schemas import (
     STUDY_SPEC_YAML_EXAMPLE,
     BestOut,
     ErrorOut,
+    ObjectiveOut,
+    ParetoOut,
+    ParetoPointOut,
     ProgressOut,
     StudyOut,
     StudyPage,
@@ -296,4 +300,34 @@ def best(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> BestOut:
         baseline_value=b.baseline_value,
         baseline_trial_id=None if b.baseline is None else b.baseline.id,
         speedup=b.speedup,
+    )
+
+
+@router.get(
+    "/studies/{study_id:int}/pareto",
+    response_model=ParetoOut,
+    responses={404: {"model": ErrorOut, "description": "unknown study"}},
+)
+def pareto(study_id: StudyId, caller: AnyRole, tuner: TunerDep) -> ParetoOut:
+    """The Pareto front of a study of two or more objectives (throughput against cost or
+    peak memory): every complete trial within the constraints that no other one beats on
+    every objective, best first by the first objective. A single-objective study's front is
+    its best trial; before any trial is complete, the front is empty."""
+    caller.check_study(study_id)
+    front = tuner.pareto(study_id)
+    return ParetoOut(
+        study_id=study_id,
+        objectives=[
+            ObjectiveOut(metric=m, direction=d)  # type: ignore[arg-type]
+            for m, d in zip(front.metrics, front.directions, strict=True)
+        ],
+        points=[
+            ParetoPointOut(
+                values=dict(zip(front.metrics, p.values, strict=True)),
+                trial=TrialOut.from_trial(p.trial),
+                predicted=p.trial.predicted,
+            )
+            for p in front.points
+        ],
+        n_measured=front.n_measured,
     )
