@@ -398,10 +398,25 @@ class Store:
             return [_trial(r) for r in rows]
 
     def add_finished_trials(
-        self, study_id: int, records: Sequence[TrialRecord], source: str = "imported"
+        self,
+        study_id: int,
+        records: Sequence[TrialRecord],
+        source: str = "imported",
+        *,
+        predicted: Sequence[dict[str, Any] | None] | None = None,
+        errors: Sequence[str | None] | None = None,
     ) -> list[Trial]:
-        """Import past runs (e.g. from an earlier tuning campaign) as finished trials."""
+        """Import past runs (e.g. from an earlier tuning campaign) as finished trials.
+
+        ``predicted`` and ``errors`` (one entry per record, or None) carry what a proxy
+        predicted and why a run did not complete, as a finished trial of the study has them.
+        """
         _check_source(source)
+        preds = _per_record(predicted, len(records), "predicted")
+        errs = _per_record(errors, len(records), "errors")
+        if any(e is not None and not isinstance(e, str) for e in errs):
+            raise InvalidInput("errors must be strings or None")
+        preds = [None if p is None else _json_dict(p, "predicted") for p in preds]
         prepared = []
         for record in records:
             try:
@@ -423,12 +438,14 @@ class Store:
                     params=p,
                     state=st.value,
                     metrics=m,
+                    predicted=pred,
+                    error=err,
                     source=source,
                     attempt=1,
                     created_at=now,
                     finished_at=now,
                 )
-                for p, st, m in prepared
+                for (p, st, m), pred, err in zip(prepared, preds, errs, strict=True)
             ]
             self._insert(s, study.id, rows, now)
             if source != "imported":  # imported past runs cost nothing now
@@ -873,6 +890,16 @@ class Store:
             row = s.scalar(query)
             return None if row is None else _proxy(row)
 
+    def latest_proxy_version(self, workload_kind: str) -> int | None:
+        """The newest version number of ``workload_kind``'s proxy model, without its payload
+        (a model is megabytes of JSON; a reader that caches by version asks only this)."""
+        query = select(func.max(ProxyModelRow.version)).where(
+            ProxyModelRow.workload_kind == workload_kind
+        )
+        with self._session(write=False) as s:
+            version = s.scalar(query)
+            return None if version is None else int(version)
+
     def get_proxy_model(self, workload_kind: str, version: int) -> ProxyModelVersion:
         query = select(ProxyModelRow).where(
             ProxyModelRow.workload_kind == workload_kind, ProxyModelRow.version == version
@@ -1033,6 +1060,15 @@ def _check_page(limit: int | None, offset: int) -> None:
 def _check_source(source: str) -> None:
     if source not in TRIAL_SOURCES:
         raise InvalidInput(f"source must be one of {_names(TRIAL_SOURCES)}, got {source!r}")
+
+
+def _per_record(values: Sequence[Any] | None, n: int, what: str) -> list[Any]:
+    """One entry per record: ``values`` as a list, or n Nones when not given."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, str | bytes) or len(values) != n:
+        raise InvalidInput(f"{what} needs one entry per record ({n})", field=what)
+    return list(values)
 
 
 def _names(values: Iterable[str]) -> str:
