@@ -770,7 +770,7 @@ class Store:
         query = query.order_by(*_TRIAL_ORDERS[order]).offset(offset).limit(limit)
         with self._session(write=False) as s:
             _get_study(s, study_id)
-            return [_trial(r) for r in s.scalars(query)]
+            return [_trial(r, fresh=True) for r in s.scalars(query)]
 
     def count_trials(self, study_id: int) -> dict[TrialState, int]:
         """Number of trials per state, every state present (zeros included)."""
@@ -815,7 +815,7 @@ class Store:
             query = query.where(TrialRow.state.in_(_state_values(states)))
         query = query.order_by(TrialRow.study_id, TrialRow.number)
         with self._session(write=False) as s:
-            return [_trial(r) for r in s.scalars(query)]
+            return [_trial(r, fresh=True) for r in s.scalars(query)]
 
     def count_for_kind(
         self, workload_kind: str, states: Iterable[TrialState | str] | None = None
@@ -1312,16 +1312,20 @@ def token_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _trial(row: TrialRow) -> Trial:
+def _trial(row: TrialRow, *, fresh: bool = False) -> Trial:
+    """A trial's plain object. ``fresh``: the row was just loaded by a read-only session that
+    ends before the object is used, so its JSON values are already the object's own and the
+    copies (half the cost of reading 10,000 trials) are skipped."""
+    dup = _same if fresh else copy.deepcopy
     return Trial(
         id=row.id,
         study_id=row.study_id,
         number=row.number,
-        params=copy.deepcopy(row.params),
+        params=dup(row.params),
         state=TrialState(row.state),
         source=row.source,
-        metrics=copy.deepcopy(row.metrics),
-        predicted=copy.deepcopy(row.predicted),
+        metrics=dup(row.metrics),
+        predicted=dup(row.predicted),
         worker_id=row.worker_id,
         lease_token=row.lease_token,
         lease_deadline=row.lease_deadline,
@@ -1333,6 +1337,10 @@ def _trial(row: TrialRow) -> Trial:
         started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _trial_event(row: TrialEventRow) -> TrialEvent:
