@@ -577,10 +577,14 @@ class Tuner:
         bt, bv = baseline[-1] if baseline else (None, None)
         return Best(best[0], best[1], bt, bv, minimize=spec.objectives[0].direction == "minimize")
 
+    def trials(self, study_id: int) -> list[Trial]:
+        """The study's trials in number order, from the history this process keeps (read in
+        full once, then only what changed: a finished trial never changes), so that a study
+        of 10,000 trials is not read again at every request about it."""
+        return self._history(study_id)
+
     def finished(self, study_id: int) -> list[Trial]:
-        """The study's finished trials in number order, from the history this process keeps
-        (read in full once, then only what changed: a finished trial never changes), so that
-        a study of 10,000 trials is not read again at every request about it."""
+        """The study's finished trials in number order (see :meth:`trials`)."""
         return [t for t in self._history(study_id) if t.state.is_finished]
 
     def _scored(self, study_id: int) -> Iterator[tuple[Trial, float | None]]:

@@ -3,13 +3,16 @@ trials in another order; and the dashboard's static files."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import create, run_study
+from tests.service.conftest import assert_error, create, run_study
 
 
 def test_history_is_every_trial_compactly(client: TestClient) -> None:
-    study = create(client)
+    study = create(client, budget={"max_trials": 12, "max_parallel": 4})
     run_study(client, study)
     sid = study["id"]
     h = client.get(f"/v1/studies/{sid}/history").json()
@@ -17,7 +20,8 @@ def test_history_is_every_trial_compactly(client: TestClient) -> None:
     assert h["metric"] == "tokens_per_s" and h["direction"] == "maximize"
     assert [p["number"] for p in h["trials"]] == [t["number"] for t in trials]
     for p, t in zip(h["trials"], trials, strict=True):
-        assert p["state"] == t["state"] and p["params"] == t["params"]
+        assert p["state"] == t["state"] and p["source"] == t["source"]
+        assert "params" not in p  # lean: 10,000 of them are plotted
         if t["state"] == "complete":
             assert p["value"] == t["metrics"]["tokens_per_s"]
             assert p["gpu_hours"] == t["metrics"]["gpu_hours"]
@@ -26,7 +30,111 @@ def test_history_is_every_trial_compactly(client: TestClient) -> None:
     best = client.get(f"/v1/studies/{sid}/best").json()
     assert max(p["value"] for p in h["trials"] if p["value"] is not None) == best["value"]
     assert h["n_predicted"] == 0 and h["kendall_tau"] is None  # random proposes no predictions
+
+    # the best configurations, best first, with their params
+    complete = sorted(
+        (t for t in trials if t["state"] == "complete"), key=lambda t: -t["metrics"]["tokens_per_s"]
+    )
+    assert [c["number"] for c in h["top"]] == [t["number"] for t in complete[:50]]
+    assert h["top"][0]["params"] == best["trial"]["params"]
+    two = client.get(f"/v1/studies/{sid}/history", params={"top": 2}).json()["top"]
+    assert [c["number"] for c in two] == [t["number"] for t in complete[:2]]
+
+    # infeasible trials per knob value and their errors, counted over finished trials
+    finished = [t for t in trials if t["state"] in ("complete", "infeasible")]
+    infeasible = [t for t in finished if t["state"] == "infeasible"]
+    assert sum(g["trials"] for g in h["errors"]) == len(infeasible)
+    for c in h["infeasible_by_value"]:
+        same = [t for t in finished if t["params"].get(c["knob"]) == c["value"]]
+        assert c["finished"] == len(same) and c["infeasible"] > 0
+        assert c["infeasible"] == sum(t["state"] == "infeasible" for t in same)
     assert client.get("/v1/studies/999/history").status_code == 404
+
+
+def test_history_refuses_a_bad_top(client: TestClient) -> None:
+    sid = create(client)["id"]
+    for bad in (0, 501, "many"):
+        r = client.get(f"/v1/studies/{sid}/history", params={"top": bad})
+        assert_error(r, 422, "RequestValidationError", "top")
+
+
+def test_error_groups_ignore_numbers() -> None:
+    from service.routes.dashboard import error_group
+
+    a = error_group("CUDA out of memory: tried 3.5 GiB on rank 7\ntraceback")
+    assert a == error_group("CUDA out of memory: tried 12 GiB on rank 0")
+    assert a == "CUDA out of memory: tried # GiB on rank #"
+
+
+def test_importance_without_a_model_is_an_empty_answer(client: TestClient) -> None:
+    sid = create(client)["id"]
+    r = client.get(f"/v1/studies/{sid}/importance")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["knobs"] == [] and body["model_version"] is None and body["other_share"] is None
+    assert "no llm proxy model" in body["reason"]
+    assert body["workload_kind"] == "llm" and body["strategy"] == "random"
+    assert client.get("/v1/studies/999/importance").status_code == 404
+    assert "/v1/studies/{study_id}/importance" in client.get("/openapi.json").json()["paths"]
+
+
+def _store_model(store: Any, trials: list[Any], workload: Any) -> int:
+    """Fit a small proxy model on ``trials`` and store it as the newest llm version."""
+    from cubic.proxy.model import ProxyModel
+    from cubic.proxy.training import training_set
+
+    X, y, feasible, _ = training_set(trials, lambda _: workload, "llm")
+    model = ProxyModel(kind="llm", n_members=2, n_estimators=20, gp_weight=0).fit(X, y, feasible)
+    return store.save_proxy_model(
+        "llm", model.save(), model.feature_names_, {}, n_train=len(y)
+    ).version
+
+
+def test_importance_of_the_newest_stored_model(client: TestClient) -> None:
+    study = create(client, budget={"max_trials": 24, "max_parallel": 4})
+    run_study(client, study)
+    sid = study["id"]
+    store = client.app.state.store  # type: ignore[attr-defined]
+    tuner = client.app.state.tuner  # type: ignore[attr-defined]
+    done = store.list_trials(sid, states=["complete", "infeasible"])
+    workload = tuner.resolved(sid).workload
+    version = _store_model(store, done, workload)
+    body = client.get(f"/v1/studies/{sid}/importance").json()
+    assert body["model_version"] == version and body["reason"] is None
+    assert body["n_train"] == len(done)
+    knobs = {k["knob"]: k for k in body["knobs"]}
+    assert set(knobs) == set(tuner.resolved(sid).space.names)  # every knob of the space
+    assert sum(k["share"] for k in body["knobs"]) == pytest.approx(1.0)
+    shares = [k["share"] for k in body["knobs"]]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0
+    assert "log2_tp" in knobs["tp"]["features"] or knobs["tp"]["share"] == 0
+    assert 0.0 <= body["other_share"] < 1.0
+    # a newer version is read at the next request (the cache is by version)
+    newer = _store_model(store, done[: len(done) // 2 + 4], workload)
+    assert client.get(f"/v1/studies/{sid}/importance").json()["model_version"] == newer
+
+
+def test_importance_of_an_unreadable_model_says_why(client: TestClient) -> None:
+    sid = create(client)["id"]
+    store = client.app.state.store  # type: ignore[attr-defined]
+    store.save_proxy_model("llm", {"format": "x"}, ["a"], {}, 10)
+    body = client.get(f"/v1/studies/{sid}/importance").json()
+    assert body["knobs"] == [] and body["model_version"] == 1
+    assert "cannot be read" in body["reason"]
+
+
+def test_knob_importance_shares_derived_columns() -> None:
+    import numpy as np
+
+    from cubic.proxy.importance import knob_importance
+
+    names = ["log2_tp", "memory", "nodes"]
+    gains = np.array([6.0, 4.0, 10.0])
+    columns = {"tp": np.array([0, 1]), "pp": np.array([1]), "fixed": np.array([], dtype=int)}
+    shares, other = knob_importance(gains, names, columns)
+    assert [(s.knob, s.share) for s in shares] == [("tp", 0.8), ("pp", 0.2), ("fixed", 0.0)]
+    assert shares[0].features == ("log2_tp", "memory") and other == 0.5
+    assert knob_importance(np.zeros(3), names, columns) == ([], 0.0)
 
 
 def test_kendall_tau() -> None:
