@@ -360,7 +360,10 @@ class Tuner:
                 self._histories[study_id] = h  # most recently read last
                 self._forget_read_histories()
             else:
-                changed, mark = self.store.trials_changed(study_id, max(0, h.mark - EVENT_LAG))
+                done = {tid for tid, t in h.trials.items() if t.state.is_finished}
+                changed, mark = self.store.trials_changed(
+                    study_id, max(0, h.mark - EVENT_LAG), known=done
+                )
                 last = next(reversed(h.trials)) if h.trials else 0
                 late = False  # a trial older than the newest kept (another process's)
                 for t in changed:

@@ -22,7 +22,7 @@ import secrets
 import threading
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -306,10 +306,13 @@ class Store:
         with self._session(write=False) as s:
             return int(s.scalar(query) or 0)
 
-    def trials_changed(self, study_id: int, after_event: int) -> tuple[list[Trial], int]:
+    def trials_changed(
+        self, study_id: int, after_event: int, known: Container[int] = ()
+    ) -> tuple[list[Trial], int]:
         """Trials of a study with a state change after event ``after_event``, and the id of
         the newest such event (``after_event`` when there is none): a reader that keeps the
-        history reads only what changed."""
+        history reads only what changed. Trials whose ids are in ``known`` (finished ones
+        the reader holds: a finished trial never changes) are not read again."""
         with self._session(write=False) as s:
             events = s.execute(
                 select(TrialEventRow.id, TrialEventRow.trial_id).where(
@@ -318,9 +321,12 @@ class Store:
             ).all()
             if not events:
                 return [], after_event
-            ids = sorted({tid for _, tid in events})
+            newest = max(eid for eid, _ in events)
+            ids = sorted({tid for _, tid in events if tid not in known})
+            if not ids:
+                return [], newest
             rows = s.scalars(select(TrialRow).where(TrialRow.id.in_(ids)).order_by(TrialRow.number))
-            return [_trial(r) for r in rows], max(eid for eid, _ in events)
+            return [_trial(r, fresh=True) for r in rows], newest
 
     def list_studies(
         self,
