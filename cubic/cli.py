@@ -868,19 +868,21 @@ def bench_dashboard_cmd(
         raise CubicError(str(exc)) from None
     kib = {k: v / 1024 for k, v in r["bytes"].items()}
     console.print(
-        f"study page of {r['trials']:,} trials, navigation start to every panel drawn: "
-        f"{r['warm_median_ms']:.0f} ms warm (browser cache holds plotly.js), "
-        f"{r['cold_median_ms']:.0f} ms cold (fresh browser context); median of {r['loads']} "
-        f"loads each; history {kib['history']:.0f} KiB, importance {kib['importance']:.0f} "
-        f"KiB; load average {r['load_avg_1m']:.1f} on {r['cpus']} CPUs"
+        f"study page of {r['trials']:,} trials, navigation start to every panel drawn "
+        f"(median of {r['loads']} loads): {r['warm_median_ms']:.0f} ms warm (the browser "
+        f"cache holds plotly.js), {r['cold_median_ms']:.0f} ms cold (a fresh browser "
+        f"context); renderer CPU {r['warm_cpu_median_ms']:.0f} / {r['cold_cpu_median_ms']:.0f} "
+        f"ms; history {kib['history']:.0f} KiB, importance {kib['importance']:.0f} KiB; load "
+        f"average {r['load_avg_1m']:.1f} on {r['cpus']} CPUs"
     )
-    console.print(
-        "cold: "
-        + ", ".join(f"{t:.0f}" for t in r["cold_ms"])
-        + " ms; warm: "
-        + ", ".join(f"{t:.0f}" for t in r["warm_ms"])
-        + " ms"
-    )
+    for key in ("warm", "cold"):
+        console.print(
+            f"{key}: "
+            + ", ".join(f"{t:.0f}" for t in r[f"{key}_ms"])
+            + " ms; renderer CPU "
+            + ", ".join(f"{t:.0f}" for t in r[f"{key}_cpu_ms"])
+            + " ms"
+        )
     if json_out:
         json_out.write_text(json.dumps(r, indent=2))
 
