@@ -173,12 +173,9 @@ def figures_match_the_api(page: Any, history: dict[str, Any], best: dict[str, An
     pairs = [(t["predicted"], t["value"]) for t in valued if t["predicted"] is not None]
     assert list(zip(scatter["x"], scatter["y"], strict=True)) == pairs
     assert scatter["type"] == ("scattergl" if len(pairs) > 1000 else "scatter")
-    lines = [
-        t
-        for t in page.evaluate(
-            "() => document.getElementById('parallel').data.filter((t) => t.mode === 'lines')"
-        )
-    ]
+    lines = page.evaluate(
+        "() => document.getElementById('parallel').data.filter((t) => t.mode === 'lines')"
+    )
     assert len(lines) == len(history["top"])  # one line per top configuration
     if history["infeasible_by_value"]:
         (bars,) = figure(page, "infeasible-knobs")
