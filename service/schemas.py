@@ -597,16 +597,20 @@ MAX_TOP = 500
 """The most best configurations a history carries (``top``)."""
 
 
-class HistoryPoint(BaseModel):
-    """One trial, reduced to what the plots need (its config is in ``top`` if among the
-    best, and every trial's is at ``GET /v1/studies/{id}/trials``)."""
+class HistoryColumns(BaseModel):
+    """Every trial reduced to what the plots need, one list per field (entry i of each is
+    the i-th trial in number order): a few lists parse and plot far faster than 10,000
+    objects. A trial's config is in ``top`` if it is among the best, and every trial's is
+    at ``GET /v1/studies/{id}/trials``."""
 
-    number: int
-    state: TrialState
-    source: str
-    value: float | None = Field(description="the first objective's measured value (complete)")
-    predicted: float | None = Field(description="the proxy model's `predicted.value`, if any")
-    gpu_hours: float | None
+    number: list[int]
+    state: list[TrialState]
+    source: list[str]
+    value: list[float | None] = Field(
+        description="the first objective's measured value (complete trials)"
+    )
+    predicted: list[float | None] = Field(description="the proxy model's `predicted.value`")
+    gpu_hours: list[float | None]
 
 
 class InfeasibleCount(BaseModel):
@@ -638,12 +642,12 @@ class TopConfig(BaseModel):
 class HistoryOut(BaseModel):
     """Every trial of a study in number order, compactly, with the proxy's rank agreement,
     why configurations were infeasible and the best configurations: what the study page
-    plots, in one response that stays small at 10,000 trials (about 100 bytes a trial)."""
+    plots, in one response that stays small at 10,000 trials (about 50 bytes a trial)."""
 
     study_id: int
     metric: str
     direction: Literal["maximize", "minimize"]
-    trials: list[HistoryPoint]
+    trials: HistoryColumns
     kendall_tau: float | None = Field(
         description="Kendall's tau between predicted and measured values of complete trials "
         "(None with fewer than three such pairs)"

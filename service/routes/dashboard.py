@@ -27,8 +27,8 @@ from service.schemas import (
     MAX_ERROR_GROUP,
     MAX_TOP,
     ErrorGroup,
+    HistoryColumns,
     HistoryOut,
-    HistoryPoint,
     ImportanceOut,
     InfeasibleCount,
     KnobImportance,
@@ -108,17 +108,21 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
     spec = tuner.resolved(study_id).spec
     objective = spec.objectives[0]
     minimize = objective.direction == "minimize"
-    points = []
+    cols: dict[str, list[Any]] = {k: [] for k in HistoryColumns.model_fields}
     values: list[tuple[float, int, dict[str, Any]]] = []
     counts: dict[tuple[str, str], list[Any]] = {}  # (knob, value key) -> [value, inf, all]
     errors: Counter[str] = Counter()
+    pairs = []  # (predicted, measured) of complete trials with a prediction
     for t in tuner.trials(study_id):
         value = None
         if t.state == TrialState.COMPLETE and t.metrics and not t.error:
             vals = objective_values(spec, t.metrics)
             value = vals[0] if vals else None
+        predicted = _predicted(t.predicted)
         if value is not None:
             values.append((value, t.number, t.params))
+            if predicted is not None:
+                pairs.append((predicted, value))
         if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE):
             bad = t.state == TrialState.INFEASIBLE
             for knob, v in t.params.items():
@@ -129,19 +133,12 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
                 c[2] += 1
             if bad:
                 errors[error_group(t.error or "(no message)")] += 1
-        points.append(
-            HistoryPoint.model_construct(
-                number=t.number,
-                state=t.state,
-                source=t.source,
-                value=value,
-                predicted=_predicted(t.predicted),
-                gpu_hours=number((t.metrics or {}).get("gpu_hours")),
-            )
-        )
-    pairs = [
-        (p.predicted, p.value) for p in points if p.predicted is not None and p.value is not None
-    ]
+        cols["number"].append(t.number)
+        cols["state"].append(t.state)
+        cols["source"].append(t.source)
+        cols["value"].append(value)
+        cols["predicted"].append(predicted)
+        cols["gpu_hours"].append(number((t.metrics or {}).get("gpu_hours")))
     values.sort(key=lambda v: (v[0] if minimize else -v[0], v[1]))
     infeasible = sorted(
         (c for c in counts.items() if c[1][1] > 0), key=lambda c: (-c[1][1], c[0][0], c[0][1])
@@ -150,7 +147,7 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
         study_id=study_id,
         metric=objective.metric,
         direction=objective.direction or "maximize",
-        trials=points,
+        trials=HistoryColumns.model_construct(**cols),
         kendall_tau=kendall_tau([a for a, _ in pairs], [b for _, b in pairs]),
         n_predicted=len(pairs),
         infeasible_by_value=[

@@ -23,22 +23,24 @@ function minimize(h) {
 function bestSoFar(h) {
   const byTrial = { x: [], y: [] };
   const byHours = { x: [], y: [] };
+  const { number, value, gpu_hours: gpuHours } = h.trials;
   let best = null;
   let hours = 0;
-  for (const t of h.trials) {
-    hours += t.gpu_hours || 0;
-    if (t.value === null) continue;
-    if (best === null || (minimize(h) ? t.value < best : t.value > best)) {
-      best = t.value;
-      byTrial.x.push(t.number);
+  for (let i = 0; i < number.length; i++) {
+    hours += gpuHours[i] || 0;
+    const v = value[i];
+    if (v === null) continue;
+    if (best === null || (minimize(h) ? v < best : v > best)) {
+      best = v;
+      byTrial.x.push(number[i]);
       byTrial.y.push(best);
       byHours.x.push(hours);
       byHours.y.push(best);
     }
   }
-  const last = h.trials[h.trials.length - 1];
-  if (best !== null && byTrial.x[byTrial.x.length - 1] !== last.number) {
-    byTrial.x.push(last.number);
+  const last = number[number.length - 1];
+  if (best !== null && byTrial.x[byTrial.x.length - 1] !== last) {
+    byTrial.x.push(last);
     byTrial.y.push(best);
     byHours.x.push(hours);
     byHours.y.push(best);
@@ -52,7 +54,15 @@ function bestSoFar(h) {
 }
 
 function predictedScatter(h) {
-  const pts = h.trials.filter((t) => t.predicted !== null && t.value !== null);
+  const { number, value, predicted } = h.trials;
+  const pts = { x: [], y: [], text: [] };
+  for (let i = 0; i < number.length; i++) {
+    if (predicted[i] === null || value[i] === null) continue;
+    pts.x.push(predicted[i]);
+    pts.y.push(value[i]);
+    pts.text.push(`#${number[i]}`);
+  }
+  const gl = pts.x.length > GL_POINTS;
   document.getElementById("kendall").textContent =
     `Kendall's tau ${h.kendall_tau === null ? "–" : h.kendall_tau.toFixed(3)} over ${h.n_predicted} complete trials with a prediction`;
   document.getElementById("kendall").dataset.tau = h.kendall_tau === null ? "" : String(h.kendall_tau);
@@ -61,12 +71,10 @@ function predictedScatter(h) {
     "predicted-scatter",
     [
       {
-        x: pts.map((t) => t.predicted),
-        y: pts.map((t) => t.value),
-        text: pts.map((t) => `#${t.number}`),
+        ...pts,
         mode: "markers",
-        type: pts.length > GL_POINTS ? "scattergl" : "scatter",
-        marker: { size: pts.length > GL_POINTS ? 4 : 6 },
+        type: gl ? "scattergl" : "scatter",
+        marker: { size: gl ? 4 : 6 },
       },
     ],
     { title: { text: "Predicted against measured" }, xaxis: { title: { text: "predicted" } }, yaxis: { title: { text: `measured ${h.metric}` } } },

@@ -158,15 +158,22 @@ def figure(page: Any, plot: str) -> list[dict[str, Any]]:
     )
 
 
+def rows(history: dict[str, Any]) -> list[dict[str, Any]]:
+    """The history's trials (one list per field) as one dict per trial."""
+    cols = history["trials"]
+    return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+
+
 def figures_match_the_api(page: Any, history: dict[str, Any], best: dict[str, Any]) -> None:
     """Every plot of the study page drew what the history says."""
     (by_trial,) = figure(page, "best-by-trial")
-    valued = [t for t in history["trials"] if t["value"] is not None]
+    trials = rows(history)
+    valued = [t for t in trials if t["value"] is not None]
     assert by_trial["y"][-1] == best["value"] == max(t["value"] for t in valued)
-    assert by_trial["x"][-1] == history["trials"][-1]["number"]
+    assert by_trial["x"][-1] == trials[-1]["number"]
     assert by_trial["y"] == sorted(by_trial["y"])  # best so far never gets worse
     (by_hours,) = figure(page, "best-by-hours")
-    hours = sum(t["gpu_hours"] or 0 for t in history["trials"])
+    hours = sum(t["gpu_hours"] or 0 for t in trials)
     assert by_hours["x"][-1] == pytest.approx(hours) and by_hours["y"] == by_trial["y"]
     (scatter,) = figure(page, "predicted-scatter")
     assert len(scatter["x"]) == history["n_predicted"]
@@ -277,7 +284,7 @@ def test_study_page(
     )
     page.select_option("#state-filter", "")
     page.click('#trials th[data-order="number"]')  # number ascending already: now descending
-    last = max(t["number"] for t in history["trials"])
+    last = max(t["number"] for t in rows(history))
     page.wait_for_selector(f'#trials tbody tr:first-child[data-number="{last}"]', timeout=WAIT_MS)
     page.screenshot(path=tmp_path / "study-sorted.png", full_page=True)
 
@@ -374,7 +381,7 @@ def test_a_ten_thousand_trial_study_page_draws_every_panel(
     history = get(base, f"studies/{sid}/history")
     best = get(base, f"studies/{sid}/best")
     importance = get(base, f"studies/{sid}/importance")
-    assert len(history["trials"]) == BIG_STUDY_TRIALS and history["n_predicted"] > 1000
+    assert len(history["trials"]["number"]) == BIG_STUDY_TRIALS and history["n_predicted"] > 1000
     assert len(history["top"]) == 50 and history["errors"]
 
     page.goto(f"{base}/ui/study.html?id={sid}")
