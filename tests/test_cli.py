@@ -325,3 +325,10 @@ def test_a_bad_database_url_or_hardware_file_is_one_line(tmp_path: Path) -> None
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("error: CUBIC_HARDWARE:") and "unknown gpu 'nope'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_bench_dashboard_without_chromium_is_one_line_and_status_2() -> None:
+    proc = cubic("bench", "dashboard", "--trials", "10", "--chromium", "/nonexistent", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error:") and "/nonexistent" in proc.stderr
+    assert "Traceback" not in proc.stderr

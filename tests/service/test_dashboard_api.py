@@ -125,20 +125,6 @@ def test_importance_of_an_unreadable_model_says_why(client: TestClient) -> None:
     assert "cannot be read" in body["reason"]
 
 
-def test_knob_importance_shares_derived_columns() -> None:
-    import numpy as np
-
-    from cubic.proxy.importance import knob_importance
-
-    names = ["log2_tp", "memory", "nodes"]
-    gains = np.array([6.0, 4.0, 10.0])
-    columns = {"tp": np.array([0, 1]), "pp": np.array([1]), "fixed": np.array([], dtype=int)}
-    shares, other = knob_importance(gains, names, columns)
-    assert [(s.knob, s.share) for s in shares] == [("tp", 0.8), ("pp", 0.2), ("fixed", 0.0)]
-    assert shares[0].features == ("log2_tp", "memory") and other == 0.5
-    assert knob_importance(np.zeros(3), names, columns) == ([], 0.0)
-
-
 def test_kendall_tau() -> None:
     from service.routes.dashboard import kendall_tau
 
