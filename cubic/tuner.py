@@ -30,7 +30,7 @@ MAX_CACHED_STRATEGIES = 32
 EVENT_LAG = 1000
 """How far back (in event ids) a history refresh re-reads: a transaction may commit after a
 later one, so the newest event seen is not a safe place to start from."""
-MAX_READ_HISTORIES = 8
+MAX_READ_HISTORIES = 4
 """Histories kept for studies this process only reads (best, history: the dashboard), the
 most recently read, beside those of the strategies it keeps."""
 FULL_REREAD_S = 300.0
