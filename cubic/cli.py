@@ -926,6 +926,49 @@ def bench_proposal_cmd(
     )
 
 
+@bench_app.command("dashboard")
+def bench_dashboard_cmd(
+    trials: Annotated[int, typer.Option(min=10, help="trials of the finished study")] = 10_000,
+    loads: Annotated[int, typer.Option(min=1, help="page loads, cold and warm each")] = 5,
+    study: Annotated[Path | None, typer.Option(help="study file")] = None,
+    chromium: Annotated[
+        str, typer.Option(envvar="CUBIC_CHROMIUM", help="the Chromium binary Playwright drives")
+    ] = "/usr/bin/chromium",
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
+) -> None:
+    """Time the study page of a finished study of many trials, from navigation start to
+    every panel drawn, in headless Chromium against a real API process."""
+    from cubic.bench.dashboard import bench_dashboard
+
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        raise CubicError("the playwright package is needed: pip install playwright") from None
+    try:
+        r = bench_dashboard(trials, loads, study, chromium, say=console.print)
+    except FileNotFoundError as exc:
+        raise CubicError(str(exc)) from None
+    kib = {k: v / 1024 for k, v in r["bytes"].items()}
+    console.print(
+        f"study page of {r['trials']:,} trials, navigation start to every panel drawn "
+        f"(median of {r['loads']} loads): {r['warm_median_ms']:.0f} ms warm (the browser "
+        f"cache holds plotly.js), {r['cold_median_ms']:.0f} ms cold (a fresh browser "
+        f"context); renderer CPU {r['warm_cpu_median_ms']:.0f} / {r['cold_cpu_median_ms']:.0f} "
+        f"ms; history {kib['history']:.0f} KiB, importance {kib['importance']:.0f} KiB; load "
+        f"average {r['load_avg_1m']:.1f} on {r['cpus']} CPUs"
+    )
+    for key in ("warm", "cold"):
+        console.print(
+            f"{key}: "
+            + ", ".join(f"{t:.0f}" for t in r[f"{key}_ms"])
+            + " ms; renderer CPU "
+            + ", ".join(f"{t:.0f}" for t in r[f"{key}_cpu_ms"])
+            + " ms"
+        )
+    if json_out:
+        json_out.write_text(json.dumps(r, indent=2))
+
+
 @bench_app.command("service")
 def bench_service_cmd(
     pg: Annotated[

@@ -37,6 +37,9 @@ MAX_CACHED_STRATEGIES = 32
 EVENT_LAG = 1000
 """How far back (in event ids) a history refresh re-reads: a transaction may commit after a
 later one, so the newest event seen is not a safe place to start from."""
+MAX_READ_HISTORIES = 4
+"""Histories kept for studies this process only reads (best, history: the dashboard), the
+most recently read, beside those of the strategies it keeps."""
 FULL_REREAD_S = 300.0
 """A kept history is read in full again at this interval, whatever the refreshes missed."""
 RETRY_AFTER_S = 0.25
@@ -378,9 +381,14 @@ class Tuner:
                 mark = self.store.last_event_id(study_id)  # before the read: nothing is lost
                 trials = self.store.list_trials(study_id)
                 h = _History({t.id: t for t in trials}, mark, now)
-                self._histories[study_id] = h
+                self._histories.pop(study_id, None)
+                self._histories[study_id] = h  # most recently read last
+                self._forget_read_histories()
             else:
-                changed, mark = self.store.trials_changed(study_id, max(0, h.mark - EVENT_LAG))
+                done = {tid for tid, t in h.trials.items() if t.state.is_finished}
+                changed, mark = self.store.trials_changed(
+                    study_id, max(0, h.mark - EVENT_LAG), known=done
+                )
                 last = next(reversed(h.trials)) if h.trials else 0
                 late = False  # a trial older than the newest kept (another process's)
                 for t in changed:
@@ -390,6 +398,13 @@ class Tuner:
                 if late:
                     h.trials = dict(sorted(h.trials.items(), key=lambda kv: kv[1].number))
             return list(h.trials.values())
+
+    def _forget_read_histories(self) -> None:
+        """Drop the oldest histories of studies without a kept strategy beyond
+        :data:`MAX_READ_HISTORIES` (the caller holds the history guard)."""
+        read_only = [sid for sid in self._histories if sid not in self._strategies]
+        for sid in read_only[: max(0, len(read_only) - MAX_READ_HISTORIES)]:
+            del self._histories[sid]
 
     def _remember(self, study_id: int, added: list[Trial]) -> None:
         with self._history_guard:
@@ -583,10 +598,23 @@ class Tuner:
         if best is None:
             return None
         # The baseline's value is that of its last attempt (a failed one is retried).
-        base_keys = {config_key(t.params) for t, _ in scored if t.source == "baseline"}
-        baseline = [(t, v) for t, v in scored if config_key(t.params) in base_keys]
+        bases = [t.params for t, _ in scored if t.source == "baseline"]
+        base_keys = {config_key(p) for p in bases}
+        baseline = [  # equal dicts first: far cheaper than a key per trial
+            (t, v) for t, v in scored if t.params in bases and config_key(t.params) in base_keys
+        ]
         bt, bv = baseline[-1] if baseline else (None, None)
         return Best(best[0], best[1], bt, bv, minimize=spec.objectives[0].direction == "minimize")
+
+    def trials(self, study_id: int) -> list[Trial]:
+        """The study's trials in number order, from the history this process keeps (read in
+        full once, then only what changed: a finished trial never changes), so that a study
+        of 10,000 trials is not read again at every request about it."""
+        return self._history(study_id)
+
+    def finished(self, study_id: int) -> list[Trial]:
+        """The study's finished trials in number order (see :meth:`trials`)."""
+        return [t for t in self._history(study_id) if t.state.is_finished]
 
     def pareto(self, study_id: int) -> ParetoFront:
         """The study's Pareto front: the complete trials within the constraints that no other
@@ -617,9 +645,10 @@ class Tuner:
         """Finished trials with their objective values (None unless complete and within the
         constraints)."""
         r = self.resolved(study_id)
-        for t in self.store.list_trials(
-            study_id, states=[TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED]
-        ):
+        scored = (TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED)
+        for t in self.finished(study_id):
+            if t.state not in scored:
+                continue
             vals = None
             if t.state == TrialState.COMPLETE and t.metrics and not (t.error or ""):
                 vals = objective_values(r.spec, t.metrics, job_gpus(r.workload, t.params))

@@ -638,35 +638,111 @@ class TokensOut(BaseModel):
 
 # -- dashboard ----------------------------------------------------------------------------
 
-MAX_HISTORY_ERROR = 300
-"""Characters of a trial's error kept in a history (enough to group by)."""
+MAX_ERROR_GROUP = 160
+"""Characters of an error's first line kept as its group (numbers replaced by ``#``)."""
+MAX_TOP = 500
+"""The most best configurations a history carries (``top``)."""
 
 
-class HistoryPoint(BaseModel):
-    """One trial, reduced to what plots need."""
+class HistoryColumns(BaseModel):
+    """Every trial reduced to what the plots need, one list per field (entry i of each is
+    the i-th trial in number order): a few lists parse and plot far faster than 10,000
+    objects. A trial's config is in ``top`` if it is among the best, and every trial's is
+    at ``GET /v1/studies/{id}/trials``."""
+
+    number: list[int]
+    state: list[TrialState]
+    source: list[str]
+    value: list[float | None] = Field(
+        description="the first objective's measured value (complete trials)"
+    )
+    predicted: list[float | None] = Field(description="the proxy model's `predicted.value`")
+    gpu_hours: list[float | None]
+
+
+class InfeasibleCount(BaseModel):
+    """How often configs with one knob value could not run, of those finished."""
+
+    knob: str
+    value: Any
+    infeasible: int = Field(description="infeasible trials with this knob value")
+    finished: int = Field(description="complete or infeasible trials with this knob value")
+
+
+class ErrorGroup(BaseModel):
+    """Infeasible trials whose errors differ only by numbers."""
+
+    message: str = Field(
+        description=f"the error's first line, numbers as #, at most {MAX_ERROR_GROUP} characters"
+    )
+    trials: int
+
+
+class TopConfig(BaseModel):
+    """One of the best complete trials, with its configuration."""
 
     number: int
-    state: TrialState
-    source: str
+    value: float
     params: dict[str, Any]
-    value: float | None = Field(description="the first objective's measured value (complete)")
-    predicted: float | None = Field(description="the proxy model's `predicted.value`, if any")
-    gpu_hours: float | None
-    error: str | None = Field(description=f"the first {MAX_HISTORY_ERROR} characters")
 
 
 class HistoryOut(BaseModel):
-    """Every trial of a study in number order, compactly, with the proxy's rank agreement."""
+    """Every trial of a study in number order, compactly, with the proxy's rank agreement,
+    why configurations were infeasible and the best configurations: what the study page
+    plots, in one response that stays small at 10,000 trials (about 50 bytes a trial)."""
 
     study_id: int
     metric: str
     direction: Literal["maximize", "minimize"]
-    trials: list[HistoryPoint]
+    trials: HistoryColumns
     kendall_tau: float | None = Field(
         description="Kendall's tau between predicted and measured values of complete trials "
         "(None with fewer than three such pairs)"
     )
     n_predicted: int = Field(description="complete trials with a prediction")
+    infeasible_by_value: list[InfeasibleCount] = Field(
+        description="knob values of at least one infeasible trial, the most infeasible first"
+    )
+    errors: list[ErrorGroup] = Field(description="infeasible trials' errors, largest group first")
+    top: list[TopConfig] = Field(description="the best complete trials, best first (`top`)")
+
+
+class KnobImportance(BaseModel):
+    """One knob's share of the proxy model's total gain."""
+
+    knob: str
+    share: float = Field(ge=0, le=1, description="the knobs' shares sum to 1")
+    gain: float = Field(description="total gain given to this knob (the model's own units)")
+    features: list[str] = Field(
+        description="the feature columns it moves that the trees split on, most gain first"
+    )
+
+
+class ImportanceOut(BaseModel):
+    """Which knobs the proxy model's throughput predictions use, for one study.
+
+    Read from the newest stored proxy model of the study's workload kind: the model the
+    retrainer fits on every finished trial of that kind, this study's included, with the
+    features the ``cubic`` strategy uses. (The strategy's own per-study refits live in the
+    background process's memory only; nothing is fitted on a request.) A feature column's
+    total gain goes to the knobs of the study's space that move it, in equal parts; gain
+    on columns no knob moves (workload, cluster, knobs the space fixes) is ``other_share``.
+    """
+
+    study_id: int
+    workload_kind: str
+    strategy: str
+    importance_type: Literal["total_gain"] = "total_gain"
+    model_version: int | None = Field(description="the stored version read; None if none")
+    n_train: int | None = Field(description="trials the model was fitted on")
+    knobs: list[KnobImportance] = Field(
+        description="every knob of the study's space, largest share first; empty when no "
+        "model is fitted yet (see `reason`)"
+    )
+    other_share: float | None = Field(
+        description="share of the total gain on columns no knob of the space moves"
+    )
+    reason: str | None = Field(None, description="why `knobs` is empty")
 
 
 class ProxyModelOut(BaseModel):

@@ -368,3 +368,10 @@ def test_best_of_a_two_objective_study_is_its_pareto_front(tmp_path: Path) -> No
     # --no-pareto: the best by the first objective, as for a single-objective study.
     single = json.loads(cubic("best", str(sid), "--no-pareto", "--json", db=db).stdout)
     assert single["trial"]["id"] == expected.points[0].trial.id
+
+
+def test_bench_dashboard_without_chromium_is_one_line_and_status_2() -> None:
+    proc = cubic("bench", "dashboard", "--trials", "10", "--chromium", "/nonexistent", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error:") and "/nonexistent" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -207,6 +207,30 @@ def test_constraint_violating_trial_never_counts_as_best(tuner: Tuner) -> None:
     assert tuner.best(sid).trial.id == b.id
 
 
+def test_best_reads_the_kept_history_and_sees_what_another_process_finished(
+    store: Store,
+) -> None:
+    from cubic import tuner as tuner_module
+
+    reader, writer = Tuner(store), Tuner(store)  # two processes on one store
+    sid = writer.create_study(_spec(budget={"max_trials": 4, "max_parallel": 2})).id
+    a, _ = writer.ask(sid, "w", 2)
+    writer.tell(a.id, a.lease_token, Outcome("complete", {"throughput": 10.0}))
+    assert reader.best(sid).trial.id == a.id
+    (b,) = [t for t in writer.ask(sid, "w", 2) if t.id != a.id][:1]
+    writer.tell(b.id, b.lease_token, Outcome("complete", {"throughput": 20.0}))
+    assert reader.best(sid).trial.id == b.id  # the kept history caught up
+    assert [t.state for t in reader.finished(sid)] == [TrialState.COMPLETE] * 2
+    others = [
+        reader.create_study(_spec(budget={"max_trials": 2, "max_parallel": 1})).id
+        for _ in range(tuner_module.MAX_READ_HISTORIES + 2)
+    ]
+    for other in others:
+        reader.finished(other)
+    assert len(reader._histories) <= tuner_module.MAX_READ_HISTORIES
+    assert others[-1] in reader._histories and sid not in reader._histories
+
+
 def test_bad_baseline_and_missing_metric_are_clear_errors(tuner: Tuner) -> None:
     with pytest.raises(InvalidInput, match="baseline"):
         tuner.create_study(_spec(baseline={"x": 99, "y": 0}))

@@ -22,7 +22,7 @@ import secrets
 import threading
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -306,10 +306,13 @@ class Store:
         with self._session(write=False) as s:
             return int(s.scalar(query) or 0)
 
-    def trials_changed(self, study_id: int, after_event: int) -> tuple[list[Trial], int]:
+    def trials_changed(
+        self, study_id: int, after_event: int, known: Container[int] = ()
+    ) -> tuple[list[Trial], int]:
         """Trials of a study with a state change after event ``after_event``, and the id of
         the newest such event (``after_event`` when there is none): a reader that keeps the
-        history reads only what changed."""
+        history reads only what changed. Trials whose ids are in ``known`` (finished ones
+        the reader holds: a finished trial never changes) are not read again."""
         with self._session(write=False) as s:
             events = s.execute(
                 select(TrialEventRow.id, TrialEventRow.trial_id).where(
@@ -318,9 +321,12 @@ class Store:
             ).all()
             if not events:
                 return [], after_event
-            ids = sorted({tid for _, tid in events})
+            newest = max(eid for eid, _ in events)
+            ids = sorted({tid for _, tid in events if tid not in known})
+            if not ids:
+                return [], newest
             rows = s.scalars(select(TrialRow).where(TrialRow.id.in_(ids)).order_by(TrialRow.number))
-            return [_trial(r) for r in rows], max(eid for eid, _ in events)
+            return [_trial(r, fresh=True) for r in rows], newest
 
     def list_studies(
         self,
@@ -398,10 +404,25 @@ class Store:
             return [_trial(r) for r in rows]
 
     def add_finished_trials(
-        self, study_id: int, records: Sequence[TrialRecord], source: str = "imported"
+        self,
+        study_id: int,
+        records: Sequence[TrialRecord],
+        source: str = "imported",
+        *,
+        predicted: Sequence[dict[str, Any] | None] | None = None,
+        errors: Sequence[str | None] | None = None,
     ) -> list[Trial]:
-        """Import past runs (e.g. from an earlier tuning campaign) as finished trials."""
+        """Import past runs (e.g. from an earlier tuning campaign) as finished trials.
+
+        ``predicted`` and ``errors`` (one entry per record, or None) carry what a proxy
+        predicted and why a run did not complete, as a finished trial of the study has them.
+        """
         _check_source(source)
+        preds = _per_record(predicted, len(records), "predicted")
+        errs = _per_record(errors, len(records), "errors")
+        if any(e is not None and not isinstance(e, str) for e in errs):
+            raise InvalidInput("errors must be strings or None")
+        preds = [None if p is None else _json_dict(p, "predicted") for p in preds]
         prepared = []
         for record in records:
             try:
@@ -423,12 +444,14 @@ class Store:
                     params=p,
                     state=st.value,
                     metrics=m,
+                    predicted=pred,
+                    error=err,
                     source=source,
                     attempt=1,
                     created_at=now,
                     finished_at=now,
                 )
-                for p, st, m in prepared
+                for (p, st, m), pred, err in zip(prepared, preds, errs, strict=True)
             ]
             self._insert(s, study.id, rows, now)
             if source != "imported":  # imported past runs cost nothing now
@@ -753,7 +776,7 @@ class Store:
         query = query.order_by(*_TRIAL_ORDERS[order]).offset(offset).limit(limit)
         with self._session(write=False) as s:
             _get_study(s, study_id)
-            return [_trial(r) for r in s.scalars(query)]
+            return [_trial(r, fresh=True) for r in s.scalars(query)]
 
     def count_trials(self, study_id: int) -> dict[TrialState, int]:
         """Number of trials per state, every state present (zeros included)."""
@@ -798,7 +821,7 @@ class Store:
             query = query.where(TrialRow.state.in_(_state_values(states)))
         query = query.order_by(TrialRow.study_id, TrialRow.number)
         with self._session(write=False) as s:
-            return [_trial(r) for r in s.scalars(query)]
+            return [_trial(r, fresh=True) for r in s.scalars(query)]
 
     def count_for_kind(
         self, workload_kind: str, states: Iterable[TrialState | str] | None = None
@@ -872,6 +895,16 @@ class Store:
         with self._session(write=False) as s:
             row = s.scalar(query)
             return None if row is None else _proxy(row)
+
+    def latest_proxy_version(self, workload_kind: str) -> int | None:
+        """The newest version number of ``workload_kind``'s proxy model, without its payload
+        (a model is megabytes of JSON; a reader that caches by version asks only this)."""
+        query = select(func.max(ProxyModelRow.version)).where(
+            ProxyModelRow.workload_kind == workload_kind
+        )
+        with self._session(write=False) as s:
+            version = s.scalar(query)
+            return None if version is None else int(version)
 
     def get_proxy_model(self, workload_kind: str, version: int) -> ProxyModelVersion:
         query = select(ProxyModelRow).where(
@@ -1033,6 +1066,15 @@ def _check_page(limit: int | None, offset: int) -> None:
 def _check_source(source: str) -> None:
     if source not in TRIAL_SOURCES:
         raise InvalidInput(f"source must be one of {_names(TRIAL_SOURCES)}, got {source!r}")
+
+
+def _per_record(values: Sequence[Any] | None, n: int, what: str) -> list[Any]:
+    """One entry per record: ``values`` as a list, or n Nones when not given."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, str | bytes) or len(values) != n:
+        raise InvalidInput(f"{what} needs one entry per record ({n})", field=what)
+    return list(values)
 
 
 def _names(values: Iterable[str]) -> str:
@@ -1276,16 +1318,20 @@ def token_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _trial(row: TrialRow) -> Trial:
+def _trial(row: TrialRow, *, fresh: bool = False) -> Trial:
+    """A trial's plain object. ``fresh``: the row was just loaded by a read-only session that
+    ends before the object is used, so its JSON values are already the object's own and the
+    copies (half the cost of reading 10,000 trials) are skipped."""
+    dup = _same if fresh else copy.deepcopy
     return Trial(
         id=row.id,
         study_id=row.study_id,
         number=row.number,
-        params=copy.deepcopy(row.params),
+        params=dup(row.params),
         state=TrialState(row.state),
         source=row.source,
-        metrics=copy.deepcopy(row.metrics),
-        predicted=copy.deepcopy(row.predicted),
+        metrics=dup(row.metrics),
+        predicted=dup(row.predicted),
         worker_id=row.worker_id,
         lease_token=row.lease_token,
         lease_deadline=row.lease_deadline,
@@ -1297,6 +1343,10 @@ def _trial(row: TrialRow) -> Trial:
         started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _trial_event(row: TrialEventRow) -> TrialEvent:

@@ -135,3 +135,13 @@ export function copyButton(getText) {
 }
 
 export const LIVE_STATES = new Set(["running", "paused"]);
+
+/** Resolves once plotly.js, loaded by ``<script id="plotly-js" async>``, has run. */
+export function plotlyReady() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  const script = document.getElementById("plotly-js");
+  return new Promise((resolve, reject) => {
+    script.addEventListener("load", () => resolve(window.Plotly));
+    script.addEventListener("error", () => reject(new Error("plotly.js did not load")));
+  });
+}

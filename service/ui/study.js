@@ -1,112 +1,224 @@
 // One study: best so far, the trials table (paged by the API), predicted against measured,
-// why configurations were infeasible, the best configuration, the top configurations.
-import { api, copyButton, el, fmt, LIVE_STATES, refreshing, toYaml } from "./common.js";
+// knob importance, why configurations were infeasible, the best configuration, the top
+// configurations. When every panel is drawn the first time, body[data-rendered] holds the
+// milliseconds since navigation start (what `cubic bench dashboard` reports).
+import { api, copyButton, el, fmt, LIVE_STATES, plotlyReady, refreshing, toYaml } from "./common.js";
 
 const id = Number(new URLSearchParams(window.location.search).get("id"));
 const table = { offset: 0, order: "number", state: "", sortKey: null, sortDir: 1, items: [], total: 0 };
 let metric = "value";
 let live = true;
 const TOP = 50;
+// Beyond this many points a scatter is drawn by WebGL (scattergl): SVG markers cost a DOM
+// node each, and 10,000 of them take seconds to lay out.
+const GL_POINTS = 1000;
 
 function minimize(h) {
   return h.direction === "minimize";
 }
 
+// Best so far is a step function: only the trials that improved it (and the last trial,
+// where the line ends) are plotted, which draws the same line from a few dozen points
+// instead of one per trial.
 function bestSoFar(h) {
   const byTrial = { x: [], y: [] };
   const byHours = { x: [], y: [] };
+  const { number, value, gpu_hours: gpuHours } = h.trials;
   let best = null;
   let hours = 0;
-  for (const t of h.trials) {
-    hours += t.gpu_hours || 0;
-    if (t.value === null) continue;
-    if (best === null || (minimize(h) ? t.value < best : t.value > best)) best = t.value;
-    byTrial.x.push(t.number);
+  for (let i = 0; i < number.length; i++) {
+    hours += gpuHours[i] || 0;
+    const v = value[i];
+    if (v === null) continue;
+    if (best === null || (minimize(h) ? v < best : v > best)) {
+      best = v;
+      byTrial.x.push(number[i]);
+      byTrial.y.push(best);
+      byHours.x.push(hours);
+      byHours.y.push(best);
+    }
+  }
+  const last = number[number.length - 1];
+  if (best !== null && byTrial.x[byTrial.x.length - 1] !== last) {
+    byTrial.x.push(last);
     byTrial.y.push(best);
     byHours.x.push(hours);
     byHours.y.push(best);
   }
   const layout = (title, x) => ({ title: { text: title }, xaxis: { title: { text: x } }, yaxis: { title: { text: `best ${h.metric}` } } });
   const line = (s) => ({ x: s.x, y: s.y, mode: "lines+markers", line: { shape: "hv" } });
-  Plotly.react("best-by-trial", [line(byTrial)], layout("Best so far by trial", "trial number"));
-  Plotly.react("best-by-hours", [line(byHours)], layout("Best so far by GPU-hours", "GPU-hours used"));
+  return [
+    Plotly.react("best-by-trial", [line(byTrial)], layout("Best so far by trial", "trial number")),
+    Plotly.react("best-by-hours", [line(byHours)], layout("Best so far by GPU-hours", "GPU-hours used")),
+  ];
 }
 
 function predictedScatter(h) {
-  const pts = h.trials.filter((t) => t.predicted !== null && t.value !== null);
+  const { number, value, predicted } = h.trials;
+  const pts = { x: [], y: [], text: [] };
+  for (let i = 0; i < number.length; i++) {
+    if (predicted[i] === null || value[i] === null) continue;
+    pts.x.push(predicted[i]);
+    pts.y.push(value[i]);
+    pts.text.push(`#${number[i]}`);
+  }
+  const gl = pts.x.length > GL_POINTS;
   document.getElementById("kendall").textContent =
     `Kendall's tau ${h.kendall_tau === null ? "–" : h.kendall_tau.toFixed(3)} over ${h.n_predicted} complete trials with a prediction`;
   document.getElementById("kendall").dataset.tau = h.kendall_tau === null ? "" : String(h.kendall_tau);
   document.getElementById("kendall").dataset.n = String(h.n_predicted);
-  Plotly.react(
+  return Plotly.react(
     "predicted-scatter",
-    [{ x: pts.map((t) => t.predicted), y: pts.map((t) => t.value), text: pts.map((t) => `#${t.number}`), mode: "markers", type: "scatter" }],
+    [
+      {
+        ...pts,
+        mode: "markers",
+        type: gl ? "scattergl" : "scatter",
+        marker: { size: gl ? 4 : 6 },
+      },
+    ],
     { title: { text: "Predicted against measured" }, xaxis: { title: { text: "predicted" } }, yaxis: { title: { text: `measured ${h.metric}` } } },
   );
 }
 
-function errorKey(msg) {
-  return msg.split("\n")[0].replace(/\d+(\.\d+)?/g, "#").slice(0, 160);
+function importance(imp) {
+  const note = document.getElementById("importance-note");
+  const box = document.getElementById("importance");
+  box.dataset.version = imp.model_version === null ? "" : String(imp.model_version);
+  if (imp.knobs.length === 0) {
+    note.textContent = imp.reason || "No knob importance yet.";
+    box.hidden = true;
+    Plotly.purge(box);
+    return Promise.resolve();
+  }
+  box.hidden = false;
+  note.textContent =
+    `Proxy model ${imp.workload_kind} v${imp.model_version} (fitted on ${imp.n_train} trials): each knob's share of the trees' total gain; ` +
+    `${(100 * imp.other_share).toFixed(1)} % of the gain is on workload columns no knob of this study moves.`;
+  const knobs = [...imp.knobs].reverse(); // the largest share at the top
+  return Plotly.react(
+    box,
+    [
+      {
+        type: "bar",
+        orientation: "h",
+        y: knobs.map((k) => k.knob),
+        x: knobs.map((k) => k.share),
+        text: knobs.map((k) => `${(100 * k.share).toFixed(1)} %`),
+        hovertext: knobs.map((k) => k.features.slice(0, 6).join(", ")),
+        hoverinfo: "y+text+hovertext",
+      },
+    ],
+    {
+      title: { text: "Knob importance (share of total gain)" },
+      margin: { l: 180 },
+      height: Math.max(300, 24 * knobs.length + 120),
+      xaxis: { title: { text: "share" }, tickformat: ".0%" },
+    },
+  );
 }
 
 function infeasibility(h) {
-  const counts = new Map(); // "knob=value" -> [infeasible, all finished]
-  const errors = new Map();
-  for (const t of h.trials) {
-    if (!["complete", "infeasible"].includes(t.state)) continue;
-    for (const [k, v] of Object.entries(t.params)) {
-      const key = `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`;
-      const c = counts.get(key) || [0, 0];
-      c[1] += 1;
-      if (t.state === "infeasible") c[0] += 1;
-      counts.set(key, c);
-    }
-    if (t.state === "infeasible") {
-      const e = errorKey(t.error || "(no message)");
-      errors.set(e, (errors.get(e) || 0) + 1);
-    }
-  }
-  document.getElementById("infeasible-knobs").hidden = errors.size === 0;
-  document.getElementById("no-infeasible").hidden = errors.size !== 0;
-  const top = [...counts.entries()].filter(([, c]) => c[0] > 0).sort((a, b) => b[1][0] - a[1][0]).slice(0, 25).reverse();
-  Plotly.react(
+  const none = h.errors.length === 0;
+  document.getElementById("infeasible-knobs").hidden = none;
+  document.getElementById("no-infeasible").hidden = !none;
+  const label = (c) => `${c.knob}=${typeof c.value === "object" ? JSON.stringify(c.value) : c.value}`;
+  const top = h.infeasible_by_value.slice(0, 25).reverse();
+  const rows = h.errors.map((g) =>
+    el("tr", {}, el("td", { class: "num" }, String(g.trials)), el("td", { class: "error" }, g.message)),
+  );
+  document.querySelector("#errors tbody").replaceChildren(...rows);
+  return Plotly.react(
     "infeasible-knobs",
     [
       {
         type: "bar",
         orientation: "h",
-        y: top.map(([k]) => k),
-        x: top.map(([, c]) => c[0]),
-        text: top.map(([, c]) => `${c[0]} of ${c[1]}`),
+        y: top.map(label),
+        x: top.map((c) => c.infeasible),
+        text: top.map((c) => `${c.infeasible} of ${c.finished}`),
         hoverinfo: "y+text",
       },
     ],
     { title: { text: "Infeasible trials per knob value" }, margin: { l: 200 }, xaxis: { title: { text: "infeasible trials" } } },
   );
-  const rows = [...errors.entries()].sort((a, b) => b[1] - a[1]).map(([e, n]) =>
-    el("tr", {}, el("td", { class: "num" }, String(n)), el("td", { class: "error" }, e)),
-  );
-  document.querySelector("#errors tbody").replaceChildren(...rows);
 }
 
+// Viridis at 11 stops (plotly's own colours), for lines coloured by their value.
+const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725", "#fde725"];
+
+function viridis(f) {
+  return VIRIDIS[Math.max(0, Math.min(9, Math.floor(f * 10)))];
+}
+
+/** One axis of the parallel coordinates: where each value sits (0..1) and its tick labels.
+ *  Values are placed in order, evenly spaced (parallel degrees 1, 2, 4, 8 as equal steps);
+ *  an axis with more than 8 distinct values labels its ends only. */
+function ordinalAxis(label, vals) {
+  const numeric = vals.every((v) => typeof v === "number");
+  const key = (v) => (typeof v === "object" ? JSON.stringify(v) : String(v));
+  const distinct = [...new Map(vals.map((v) => [key(v), v])).values()];
+  distinct.sort((a, b) => (numeric ? a - b : key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+  const pos = new Map(distinct.map((v, i) => [key(v), distinct.length > 1 ? i / (distinct.length - 1) : 0.5]));
+  const shown = distinct.length <= 8 ? distinct : [distinct[0], distinct[distinct.length - 1]];
+  return { label, at: (v) => pos.get(key(v)), ticks: shown.map((v) => [pos.get(key(v)), numeric ? fmt(v) : key(v)]) };
+}
+
+// The top configurations as parallel coordinates, drawn in SVG (one line per configuration,
+// coloured by its value, the best drawn last): plotly's parcoords needs WebGL, which costs
+// seconds where the browser renders it in software.
 function parallel(h) {
-  const done = h.trials.filter((t) => t.value !== null);
-  done.sort((a, b) => (minimize(h) ? a.value - b.value : b.value - a.value));
-  const top = done.slice(0, TOP);
-  if (top.length === 0) return;
+  const top = h.top.slice(0, TOP);
+  if (top.length === 0) return Promise.resolve();
   const knobs = [...new Set(top.flatMap((t) => Object.keys(t.params)))].sort();
-  const dims = knobs.map((k) => {
-    const vals = top.map((t) => t.params[k]);
-    if (vals.every((v) => typeof v === "number")) return { label: k, values: vals };
-    const cats = [...new Set(vals.map((v) => String(v)))].sort();
-    return { label: k, values: vals.map((v) => cats.indexOf(String(v))), tickvals: cats.map((_, i) => i), ticktext: cats };
+  const param = (t, name) => (name in t.params ? t.params[name] : null);
+  const axes = knobs.map((k) => ordinalAxis(k, top.map((t) => param(t, k))));
+  const lo = Math.min(...top.map((t) => t.value));
+  const hi = Math.max(...top.map((t) => t.value));
+  const scale = (v) => (hi > lo ? (v - lo) / (hi - lo) : 0.5);
+  axes.push({ label: h.metric, at: scale, ticks: [[0, fmt(lo)], [1, fmt(hi)]] });
+  const xs = axes.map((_, i) => i);
+  const lines = [...top].reverse().map((t) => ({
+    type: "scatter",
+    mode: "lines",
+    x: xs,
+    y: axes.map((a, i) => (i === knobs.length ? a.at(t.value) : a.at(param(t, knobs[i])))),
+    line: { color: viridis(scale(t.value)), width: 1.5 },
+    hovertemplate: `#${t.number}: ${h.metric} ${fmt(t.value)}<extra></extra>`,
+    showlegend: false,
+  }));
+  const colorbar = {
+    type: "scatter",
+    mode: "markers",
+    x: [null],
+    y: [null],
+    marker: { color: [lo, hi], cmin: lo, cmax: hi, colorscale: "Viridis", showscale: true, colorbar: { title: { text: h.metric } } },
+    hoverinfo: "skip",
+    showlegend: false,
+  };
+  const shapes = xs.map((x) => ({ type: "line", x0: x, x1: x, y0: 0, y1: 1, line: { color: "#888", width: 1 } }));
+  // tick labels as one text trace: far cheaper to lay out than an annotation each
+  const ticks = axes.flatMap((a, i) => a.ticks.map(([y, text]) => ({ x: i, y, text })));
+  const labels = {
+    type: "scatter",
+    mode: "text",
+    x: ticks.map((t) => t.x),
+    y: ticks.map((t) => t.y),
+    text: ticks.map((t) => t.text),
+    textposition: "middle right",
+    textfont: { size: 10 },
+    hoverinfo: "skip",
+    showlegend: false,
+  };
+  return Plotly.react("parallel", [...lines, labels, colorbar], {
+    title: { text: `Top ${top.length} configurations` },
+    xaxis: { tickvals: xs, ticktext: axes.map((a) => a.label), tickangle: -30, showgrid: false, zeroline: false, range: [-0.3, axes.length - 0.4] },
+    yaxis: { visible: false, range: [-0.05, 1.05] },
+    shapes,
+    hovermode: "closest",
+    margin: { l: 40, r: 40, b: 110 },
+    height: 480,
   });
-  dims.push({ label: h.metric, values: top.map((t) => t.value) });
-  Plotly.react(
-    "parallel",
-    [{ type: "parcoords", line: { color: top.map((t) => t.value), colorscale: "Viridis", showscale: true }, dimensions: dims }],
-    { title: { text: `Top ${top.length} configurations` }, margin: { l: 60, r: 60 } },
-  );
 }
 
 function bestConfig(best) {
@@ -193,18 +305,31 @@ function renderTrials() {
   document.getElementById("next").disabled = end >= table.total;
 }
 
-async function loadTrials() {
+/** The trials page the table shows (a page past the end falls back to the last one). */
+async function fetchTrials() {
   const limit = Number(document.getElementById("page-size").value);
   const q = new URLSearchParams({ limit, offset: table.offset, order: table.order });
   if (table.state) q.append("state", table.state);
   const page = await api(`studies/${id}/trials?${q}`);
   if (page.items.length === 0 && page.total > 0 && table.offset > 0) {
     table.offset = Math.max(0, Math.floor((page.total - 1) / limit) * limit);
-    return loadTrials();
+    return fetchTrials();
   }
   table.items = page.items;
   table.total = page.total;
+}
+
+async function loadTrials() {
+  await fetchTrials();
   renderTrials();
+}
+
+/** Once, when every panel has been drawn: milliseconds since navigation start. */
+function markRendered() {
+  if (document.body.dataset.rendered) return;
+  requestAnimationFrame(() => {
+    document.body.dataset.rendered = performance.now().toFixed(0);
+  });
 }
 
 function wireTable() {
@@ -248,22 +373,25 @@ if (!id) {
 } else {
   wireTable();
   refreshing(async () => {
-    const [study, best, h] = await Promise.all([
+    // every request at once: the slowest one, not their sum, is what a load waits for
+    const [study, best, h, imp] = await Promise.all([
       api(`studies/${id}`),
       api(`studies/${id}/best`, { allow404: true }),
-      live ? api(`studies/${id}/history`) : Promise.resolve(null),
+      live ? api(`studies/${id}/history?top=${TOP}`) : Promise.resolve(null),
+      live ? api(`studies/${id}/importance`) : Promise.resolve(null),
+      fetchTrials(),
     ]);
     metric = study.spec.objectives ? study.spec.objectives[0].metric : metric;
     document.getElementById("value-header").textContent = metric;
     summary(study, best);
     bestConfig(best);
-    await loadTrials();
-    if (h) {
-      bestSoFar(h);
-      predictedScatter(h);
-      infeasibility(h);
-      parallel(h);
-    }
+    renderTrials();
+    await plotlyReady();
+    const drawn = [];
+    if (h) drawn.push(...bestSoFar(h), predictedScatter(h), infeasibility(h), parallel(h));
+    if (imp) drawn.push(importance(imp));
+    await Promise.all(drawn);
+    markRendered();
     live = LIVE_STATES.has(study.state);
     return live;
   });

@@ -150,6 +150,60 @@ def number(text: str) -> float:
     return float(text.replace(",", "").rstrip("×"))
 
 
+def figure(page: Any, plot: str) -> list[dict[str, Any]]:
+    """The traces plotly drew in ``#plot`` (x, y, type of each)."""
+    return page.evaluate(
+        f"""() => document.getElementById({plot!r}).data.map(
+            (t) => ({{ type: t.type, x: Array.from(t.x || []), y: Array.from(t.y || []) }}))"""
+    )
+
+
+def rows(history: dict[str, Any]) -> list[dict[str, Any]]:
+    """The history's trials (one list per field) as one dict per trial."""
+    cols = history["trials"]
+    return [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
+
+
+def figures_match_the_api(page: Any, history: dict[str, Any], best: dict[str, Any]) -> None:
+    """Every plot of the study page drew what the history says."""
+    (by_trial,) = figure(page, "best-by-trial")
+    trials = rows(history)
+    valued = [t for t in trials if t["value"] is not None]
+    assert by_trial["y"][-1] == best["value"] == max(t["value"] for t in valued)
+    assert by_trial["x"][-1] == trials[-1]["number"]
+    assert by_trial["y"] == sorted(by_trial["y"])  # best so far never gets worse
+    (by_hours,) = figure(page, "best-by-hours")
+    hours = sum(t["gpu_hours"] or 0 for t in trials)
+    assert by_hours["x"][-1] == pytest.approx(hours) and by_hours["y"] == by_trial["y"]
+    (scatter,) = figure(page, "predicted-scatter")
+    assert len(scatter["x"]) == history["n_predicted"]
+    pairs = [(t["predicted"], t["value"]) for t in valued if t["predicted"] is not None]
+    assert list(zip(scatter["x"], scatter["y"], strict=True)) == pairs
+    assert scatter["type"] == ("scattergl" if len(pairs) > 1000 else "scatter")
+    lines = page.evaluate(
+        "() => document.getElementById('parallel').data.filter((t) => t.mode === 'lines')"
+    )
+    assert len(lines) == len(history["top"])  # one line per top configuration
+    if history["infeasible_by_value"]:
+        (bars,) = figure(page, "infeasible-knobs")
+        shown = history["infeasible_by_value"][:25]
+        assert bars["x"] == [c["infeasible"] for c in reversed(shown)]
+        assert bars["y"][-1].startswith(f"{shown[0]['knob']}=")
+    errors = page.locator("#errors tbody tr td:first-child").all_text_contents()
+    assert [int(n) for n in errors] == [g["trials"] for g in history["errors"]]
+
+
+def importance_matches_the_api(page: Any, importance: dict[str, Any]) -> None:
+    (bars,) = figure(page, "importance")
+    knobs = importance["knobs"]
+    assert bars["y"] == [k["knob"] for k in reversed(knobs)]
+    assert bars["x"] == pytest.approx([k["share"] for k in reversed(knobs)])
+    assert sum(bars["x"]) == pytest.approx(1.0)
+    box = page.locator("#importance")
+    assert box.get_attribute("data-version") == str(importance["model_version"])
+    assert f"v{importance['model_version']}" in page.locator("#importance-note").text_content()
+
+
 def test_studies_page(server: str, page: Any, tmp_path: Path) -> None:
     listing = get(server, "studies")
     page.goto(f"{server}/ui/")
@@ -200,6 +254,13 @@ def test_study_page(
     assert float(kendall.get_attribute("data-tau")) == pytest.approx(history["kendall_tau"])
     for plot in ("best-by-trial", "best-by-hours", "predicted-scatter", "parallel"):
         assert page.locator(f"#{plot} .main-svg").count() > 0, plot
+    figures_match_the_api(page, history, best)
+
+    # knob importance: the chart is the API's, largest share at the top
+    importance = get(server, f"studies/{sid}/importance")
+    assert importance["knobs"] and importance["model_version"] is not None
+    importance_matches_the_api(page, importance)
+    page.locator("#importance").screenshot(path=tmp_path / "study-importance.png")
 
     # the best configuration, as YAML and JSON, is the API's
     params = best["trial"]["params"]
@@ -223,7 +284,7 @@ def test_study_page(
     )
     page.select_option("#state-filter", "")
     page.click('#trials th[data-order="number"]')  # number ascending already: now descending
-    last = max(t["number"] for t in history["trials"])
+    last = max(t["number"] for t in rows(history))
     page.wait_for_selector(f'#trials tbody tr:first-child[data-number="{last}"]', timeout=WAIT_MS)
     page.screenshot(path=tmp_path / "study-sorted.png", full_page=True)
 
@@ -292,3 +353,54 @@ def test_token_form_when_auth_is_on(
         loaded(page)
         assert page.locator("#auth").is_hidden()
         assert page.locator("#trials tbody tr").count() == 50
+
+
+BIG_STUDY_TRIALS = 10_000
+
+
+@pytest.fixture(scope="module")
+def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A real service over a finished simulated study of 10,000 trials (written straight
+    through the store, as ``cubic bench dashboard`` does) and a stored proxy model."""
+    _need_browser()
+    from cubic.bench.dashboard import fill_store
+    from cubic.bench.service import api_server
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('dashboard-10k') / 'cubic.db'}"
+    sid = fill_store(db, BIG_STUDY_TRIALS)
+    with api_server(db, 1, {"CUBIC_RETRAIN_EVERY": "100000"}) as base:
+        yield base, sid
+
+
+def test_a_ten_thousand_trial_study_page_draws_every_panel(
+    big_server: tuple[str, int], page: Any, tmp_path: Path
+) -> None:
+    """Every panel of the page of a 10,000-trial study is drawn and shows the API's figures
+    (how long it takes is ``cubic bench dashboard``'s to measure, not a test's)."""
+    base, sid = big_server
+    history = get(base, f"studies/{sid}/history")
+    best = get(base, f"studies/{sid}/best")
+    importance = get(base, f"studies/{sid}/importance")
+    assert len(history["trials"]["number"]) == BIG_STUDY_TRIALS and history["n_predicted"] > 1000
+    assert len(history["top"]) == 50 and history["errors"]
+
+    page.goto(f"{base}/ui/study.html?id={sid}")
+    page.wait_for_function("document.body.dataset.rendered", timeout=WAIT_MS)
+    loaded(page)
+    assert float(page.locator("body").get_attribute("data-rendered")) > 0
+    for plot in (
+        "best-by-trial",
+        "best-by-hours",
+        "predicted-scatter",
+        "importance",
+        "infeasible-knobs",
+        "parallel",
+    ):
+        assert page.locator(f"#{plot} .main-svg").count() > 0, plot
+    assert page.locator("#predicted-scatter canvas").count() > 0  # WebGL, not 10,000 nodes
+    figures_match_the_api(page, history, best)
+    importance_matches_the_api(page, importance)
+    assert page.locator("#trials tbody tr").count() == 50
+    assert int(page.locator("#trials-range").get_attribute("data-total")) == BIG_STUDY_TRIALS
+    assert int(page.locator("#summary").get_attribute("data-done")) == BIG_STUDY_TRIALS
+    page.screenshot(path=tmp_path / "study-10k.png", full_page=True)

@@ -209,6 +209,33 @@ class TestTrials:
         with pytest.raises(InvalidInput, match="metrics"):
             store.add_finished_trials(study.id, [(params(2), "complete", None)])
 
+    def test_add_finished_trials_with_predictions_and_errors(self, store: Store) -> None:
+        study = store.create_study("a", {}, "llm")
+        done = store.add_finished_trials(
+            study.id,
+            [(params(0), "complete", {"gpu_hours": 2.0}), (params(1), "infeasible", None)],
+            source="strategy",
+            predicted=[{"value": 9.0}, None],
+            errors=[None, "out of memory"],
+        )
+        assert [(t.predicted, t.error) for t in done] == [
+            ({"value": 9.0}, None),
+            (None, "out of memory"),
+        ]
+        assert store.study_counts(study.id).gpu_hours == 2.0  # not imported: it cost GPU time
+        with pytest.raises(InvalidInput, match="one entry per record"):
+            store.add_finished_trials(study.id, [(params(2), "complete", {})], predicted=[])
+        with pytest.raises(InvalidInput, match="strings"):
+            store.add_finished_trials(study.id, [(params(2), "failed", None)], errors=[3])  # type: ignore[list-item]
+
+    def test_latest_proxy_version(self, store: Store) -> None:
+        assert store.latest_proxy_version("llm") is None
+        for _ in range(2):
+            store.save_proxy_model("llm", {"format": "x"}, ["a"], {}, 1)
+        store.save_proxy_model("dlrm", {"format": "x"}, ["a"], {}, 1)
+        assert store.latest_proxy_version("llm") == 2
+        assert store.latest_proxy_version("dlrm") == 1
+
     def test_set_predicted_changes_only_the_prediction(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
         (trial,) = store.add_trials(study.id, [params(0)])
