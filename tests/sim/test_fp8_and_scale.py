@@ -1,5 +1,7 @@
 """FP8 gains over BF16 on H100, the scale term, and the calibration bar on the shipped runs."""
 
+from __future__ import annotations
+
 from dataclasses import replace
 
 import pytest
