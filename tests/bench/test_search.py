@@ -139,7 +139,12 @@ def test_json_has_the_documented_keys_and_the_plot_is_a_png(
         "optimum",
         "optimum_config",
         "baseline_ratio",
+        "objectives",
+        "directions",
+        "front",
+        "reference",
     }
+    assert data["studies"]["tiny-dlrm"]["front"] == []  # one objective: no front
     assert len(data["runs"]) == 4
     assert set(data["runs"][0]) == {
         "study",
