@@ -1055,22 +1055,7 @@ class CubicStrategy(Strategy):
             j = int(np.argmax(score))
             if score[j] < 0:
                 break
-            vals = (np.exp(m[j])).tolist()
-            out.append(
-                Proposal(
-                    pool[j],
-                    {
-                        "phase": "model",
-                        "value": vals[0],
-                        "values": vals,
-                        "log_std": float(sd[j]),
-                        "p_feasible": float(p[j]),
-                        "p_fit": float(p_fit[j]),
-                        "acquisition": "ehvi",
-                        "score": float(score[j]),
-                    },
-                )
-            )
+            out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "ehvi", score[j]))
             alive[j] = False
             front = np.concatenate([front, mean_pts[j : j + 1]])
             waiting = waiting | self._deferred(history, X, p_fit, X[j : j + 1])
@@ -1119,22 +1104,7 @@ class CubicStrategy(Strategy):
             j = int(np.argmax(score))
             if score[j] <= 0:
                 break
-            vals = np.exp(m[j]).tolist()
-            out.append(
-                Proposal(
-                    pool[j],
-                    {
-                        "phase": "model",
-                        "value": vals[0],
-                        "values": vals,
-                        "log_std": float(sd[j]),
-                        "p_feasible": float(p[j]),
-                        "p_fit": float(p_fit[j]),
-                        "acquisition": "parego",
-                        "score": float(score[j]),
-                    },
-                )
-            )
+            out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "parego", score[j]))
             dist = np.abs(pos - pos[j]).sum(axis=1)
             penalty = penalty * (1.0 - np.exp(-((dist / self.radius) ** 2)))
             penalty[j] = 0.0
@@ -1153,3 +1123,30 @@ def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.nda
     s = np.maximum(sd, 1e-6)
     z = (mu - best) / s
     return s * (np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi) + z * ndtr(z))
+
+
+def _front_proposal(
+    config: dict[str, Any],
+    log_values: np.ndarray,
+    log_std: float,
+    p_feasible: float,
+    p_fit: float,
+    acquisition: str,
+    score: float,
+) -> Proposal:
+    """A model-guided proposal of a study with several objectives, with the predictions that
+    chose it (every objective's, in the objectives' order)."""
+    vals = np.exp(log_values).tolist()
+    return Proposal(
+        config,
+        {
+            "phase": "model",
+            "value": vals[0],
+            "values": vals,
+            "log_std": float(log_std),
+            "p_feasible": float(p_feasible),
+            "p_fit": float(p_fit),
+            "acquisition": acquisition,
+            "score": float(score),
+        },
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cubic.pareto import hypervolume, oriented, reference_point
 from cubic.sim.job import NoiseModel, run_job
@@ -82,3 +83,18 @@ def test_single_objective_proposals_carry_no_front_fields() -> None:
     history = _run(one, make_strategy(one), 16)
     assert all("values" not in t.predicted for t in history)
     assert {t.predicted.get("acquisition") for t in history[8:]} <= {"ei", "ucb"}
+
+
+def test_three_objectives_take_random_scalarisations() -> None:
+    """With three objectives the rounds are ParEGO's: each pick carries every objective's
+    prediction, and cost (GPU-hours per million tokens) follows the throughput's inverse."""
+    spec, base = load_spec(BENCH_MO / "llama3_8b_h100x16_memory.study.yaml")
+    objectives = [*spec.objectives, spec.objectives[1].model_copy(update={"metric": "cost"})]
+    three = spec.model_copy(update={"objectives": objectives}).resolve(base)
+    history = _run(three, make_strategy(three), 16)
+    guided = history[8:]
+    assert {t.predicted["acquisition"] for t in guided} == {"parego"}
+    assert len({config_key(t.params) for t in history}) == len(history)
+    for t in guided:
+        thr, _, cost = t.predicted["values"]
+        assert cost == pytest.approx(1e6 / (thr * 3600) * 16, rel=1e-3)
