@@ -530,12 +530,44 @@ def score_run(
                 tried[-1] if tried else 0.0, float(ratio[t.number]) if measured is not None else 0.0
             )
         )
+    return _run_result(
+        study,
+        trials,
+        final,
+        curve,
+        tried,
+        n_infeasible,
+        (dict(best[1].params), best[0]) if best else None,
+        strategy=strategy,
+        seed=seed,
+        wall_s=wall_s,
+        prior_trials=prior_trials,
+        with_tau=with_tau,
+    )
+
+
+def _run_result(
+    study: ResolvedStudy,
+    trials: Sequence[Trial],
+    final: Sequence[Trial],
+    curve: list[float],
+    tried: list[float],
+    n_infeasible: int,
+    best: tuple[dict[str, Any], float] | None,
+    *,
+    strategy: str,
+    seed: int,
+    wall_s: float,
+    prior_trials: int,
+    with_tau: bool,
+) -> RunResult:
+    """A run's result from its curves and counts (the same for one objective or several)."""
     trials_to = {
         f"{x:g}": next((i + 1 for i, v in enumerate(curve) if v >= x), None) for x in TARGETS
     }
     ends = [(t.finished_at - _EPOCH).total_seconds() for t in final]
     return RunResult(
-        study=spec.name,
+        study=study.spec.name,
         strategy=strategy,
         seed=seed,
         curve=curve,
@@ -546,8 +578,8 @@ def score_run(
         n_failed=sum(t.state == TrialState.FAILED for t in trials),
         n_infeasible=n_infeasible,
         infeasible_share=n_infeasible / len(final) if final else 0.0,
-        best_config=dict(best[1].params) if best else None,
-        best_measured=best[0] if best else None,
+        best_config=best[0] if best else None,
+        best_measured=best[1] if best else None,
         best_ratio=curve[-1] if curve else 0.0,
         proxy_tau=proxy_tau(study, trials) if with_tau else None,
         prior_trials=prior_trials,
@@ -596,33 +628,19 @@ def _score_front(
         rows = [measured[i][1].number for i in on if ok[measured[i][1].number]]
         curve.append(hypervolume(true[rows], ref) / info.optimum if rows else 0.0)
         tried.append(hypervolume(true[runs], ref) / info.optimum if runs else 0.0)
-    trials_to = {
-        f"{x:g}": next((i + 1 for i, v in enumerate(curve) if v >= x), None) for x in TARGETS
-    }
     top = None
     on = _measured_front(measured, directions)
     if on:
         top = max((measured[i] for i in on), key=lambda vt: oriented([vt[0]], directions)[0, 0])
-    ends = [(t.finished_at - _EPOCH).total_seconds() for t in final]
-    return RunResult(
-        study=spec.name,
-        strategy=kw["strategy"],
-        seed=kw["seed"],
-        curve=curve,
-        best_tried=tried,
-        trials_to=trials_to,
-        n_trials=len(final),
-        n_attempts=len(trials),
-        n_failed=sum(t.state == TrialState.FAILED for t in trials),
-        n_infeasible=n_infeasible,
-        infeasible_share=n_infeasible / len(final) if final else 0.0,
-        best_config=dict(top[1].params) if top else None,
-        best_measured=top[0][0] if top else None,
-        best_ratio=curve[-1] if curve else 0.0,
-        proxy_tau=proxy_tau(study, trials) if kw["with_tau"] else None,
-        prior_trials=kw["prior_trials"],
-        wall_s=kw["wall_s"],
-        makespan_s=max(ends, default=0.0),
+    return _run_result(
+        study,
+        trials,
+        final,
+        curve,
+        tried,
+        n_infeasible,
+        (dict(top[1].params), top[0][0]) if top else None,
+        **kw,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from rich.console import Console
 
 from cubic.bench.search import (
@@ -256,3 +257,24 @@ def test_shipped_benchmark_studies_use_the_full_spaces_and_the_largest_models() 
     assert len(hard_gpus) >= 3, hard_gpus  # 100B+ LLMs on 128+ GPUs of three kinds
     assert big_dlrm >= 1
     assert kinds.count("llm") >= 5 and kinds.count("dlrm") >= 3
+
+
+def test_a_two_objective_run_is_scored_by_the_hypervolume_of_its_front(
+    llm_study: Path,
+) -> None:
+    """Every config of a tiny two-objective study tried without noise: the found front is
+    the true front, so the score ends at 1; it never falls, and never exceeds 1."""
+    spec = yaml.safe_load(llm_study.read_text())
+    del spec["objective"]
+    spec["objectives"] = [
+        {"metric": "tokens_per_s", "direction": "maximize"},
+        {"metric": "peak_memory_gb", "direction": "minimize"},
+    ]
+    llm_study.write_text(yaml.safe_dump(spec, sort_keys=False))
+    study = load_study(llm_study)
+    info = landscape(study)
+    assert info.multi and len(info.front) >= 2 and info.optimum > 0
+    run = run_one(study, "random", 0, workers=4, budget=200, noise=NoiseModel.off(), info=info)
+    assert run.n_trials == info.size  # every valid config, once
+    assert np.all(np.diff(run.curve) >= -1e-12) and max(run.curve) <= 1 + 1e-9
+    assert run.curve[-1] == pytest.approx(1.0)
