@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
-"""The folder of the shipped spaces (``*.yaml``) and studies (``*.study.yaml``, ``bench/``, ``bench_mo/``)."""
+"""The folder of the shipped spaces (``*.yaml``) and studies (``*.study.yaml``, ``bench/``,
+``bench_mo/``)."""
 
 
 def shipped(ref: str | Path) -> Path | None:
