@@ -146,6 +146,10 @@ class CubicStrategy(Strategy):
         self._base: tuple[Candidates, np.ndarray] | None = None
         self._tau: tuple[int, float] | None = None
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
+        # Within one suggest() the history does not change: its memory model is looked up
+        # once, not once per pick (each lookup counts the finished trials of the history).
+        self._round_memory: MemoryModel | None = None
+        self._in_round = False
         self._regions: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
         self._prior_best: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
         self._seen_values: tuple[set[int], list[set[float]]] | None = None
@@ -180,6 +184,8 @@ class CubicStrategy(Strategy):
 
         It is the arithmetic an engineer does before launching a job, checked against what
         the jobs measured: a config it says does not fit is never proposed."""
+        if self._in_round and self._round_memory is not None:
+            return self._round_memory
         done = [t for t in history if t.is_finished]
         if self._memory is None or self._memory[0] != len(done):
             from cubic.proxy.features import featurize
@@ -196,6 +202,8 @@ class CubicStrategy(Strategy):
             model = MemoryModel(self.study.workload, limit=self._limit).fit(X, useful, ref)
             ok = self._check(model, base.X) & ~self._in_invalid_region(history, base.arrays)
             self._memory = (len(done), model, ok)
+        if self._in_round:
+            self._round_memory = self._memory[1]
         return self._memory[1]
 
     def _invalid_regions(self, history: Sequence[Trial]) -> list[dict[str, Any]]:
@@ -380,6 +388,13 @@ class CubicStrategy(Strategy):
 
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
+        self._in_round, self._round_memory = True, None
+        try:
+            return self._suggest(history, n)
+        finally:
+            self._in_round, self._round_memory = False, None
+
+    def _suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
         rng = self.rng(history)
         seen = self.seen(history)
