@@ -803,6 +803,15 @@ class CubicStrategy(Strategy):
                 out += ~np.isin(np.round(pos[:, j], 9), list(values[j]))
         return out
 
+    def _p_fit(self, history: Sequence[Trial], X: np.ndarray) -> np.ndarray:
+        """Each candidate's probability of fitting in memory; 1 where the memory model does
+        not know this workload's knobs (it cannot tell)."""
+        from cubic.proxy.features import knows_knobs
+
+        if not knows_knobs(self.study.workload.kind, self.study.space.names):
+            return np.ones(len(X))
+        return self._memory_model(history).p_fit(X)
+
     def _deferred(
         self, history: Sequence[Trial], X: np.ndarray, p_fit: np.ndarray, Q: np.ndarray
     ) -> np.ndarray:
@@ -825,7 +834,7 @@ class CubicStrategy(Strategy):
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
-        from cubic.proxy.features import featurize, knows_knobs
+        from cubic.proxy.features import featurize
 
         if len(self.study.spec.objectives) > 1:
             return self._guided_front(model, history, n, seen, rng)
@@ -834,9 +843,7 @@ class CubicStrategy(Strategy):
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
-        p_fit = self._memory_model(history).p_fit(X)
-        if not knows_knobs(self.study.workload.kind, self.study.space.names):
-            p_fit = np.ones(len(X))
+        p_fit = self._p_fit(history, X)
         # Before this study has measured anything, the trees' spread says how the prior
         # workloads disagree, not where this one's optimum may be: rank by the prediction,
         # and let the wider radius below hedge the batch.
@@ -1014,11 +1021,9 @@ class CubicStrategy(Strategy):
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
-        p_fit = self._memory_model(history).p_fit(X)
-        from cubic.proxy.features import featurize, knows_knobs
+        p_fit = self._p_fit(history, X)
+        from cubic.proxy.features import featurize
 
-        if not knows_knobs(self.study.workload.kind, self.study.space.names):
-            p_fit = np.ones(len(X))
         _, measured_pts = self._measured_front(history)
         valued = [t for t in history if self._value(t)[0] is not None]
         if valued and self.novelty_sd > 0:
@@ -1096,7 +1101,7 @@ class CubicStrategy(Strategy):
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
         p = model.feasible(X)
-        p_fit = self._memory_model(history).p_fit(X)
+        p_fit = self._p_fit(history, X)
         m, s, _ = self._predicted_objectives(history, mu, sd, X)
         sign = np.array([1.0 if d == "maximize" else -1.0 for d in self._directions()])
         opt = sign * m + self.kappa * s  # optimistic, every column maximised (log scale)
