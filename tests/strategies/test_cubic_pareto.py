@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from cubic.pareto import hypervolume, oriented, reference_point
-from cubic.sim.job import NoiseModel, run_job
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies import config_key, make_strategy
 from cubic.strategies.cubic import CubicStrategy
 from cubic.study import ResolvedStudy, load_spec
+from tests.strategies.test_cubic import _run
 
 BENCH_MO = Path(__file__).resolve().parents[2] / "search_spaces" / "bench_mo"
 DIRECTIONS = ["maximize", "minimize"]
@@ -24,24 +24,6 @@ def _study() -> ResolvedStudy:
         update={"strategy": spec.strategy.model_copy(update={"name": "cubic", "seed": 0})}
     )
     return spec.resolve(base)
-
-
-def _run(study: ResolvedStudy, strategy: CubicStrategy, n_trials: int) -> list[Trial]:
-    history: list[Trial] = []
-    while len(history) < n_trials:
-        for p in strategy.suggest(history, 8):
-            out = run_job(study.workload, p.params, noise=NoiseModel.off())
-            history.append(
-                Trial.detached(
-                    len(history) + 1,
-                    p.params,
-                    TrialState(out.state),
-                    out.metrics or None,
-                    predicted=p.predicted,
-                    error=out.error,
-                )
-            )
-    return history
 
 
 def _points(trials: list[Trial]) -> np.ndarray:
