@@ -614,6 +614,7 @@ def _score_front(
     measured: list[tuple[list[float], Trial]] = []
     runs: list[int] = []
     n_infeasible = 0
+    on: list[int] = []
     for t in final:
         vals = None
         if t.state == TrialState.COMPLETE and t.metrics and not t.error:
@@ -629,8 +630,7 @@ def _score_front(
         curve.append(hypervolume(true[rows], ref) / info.optimum if rows else 0.0)
         tried.append(hypervolume(true[runs], ref) / info.optimum if runs else 0.0)
     top = None
-    on = _measured_front(measured, directions)
-    if on:
+    if on:  # the front after the last trial
         top = max((measured[i] for i in on), key=lambda vt: oriented([vt[0]], directions)[0, 0])
     return _run_result(
         study,
