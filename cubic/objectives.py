@@ -20,7 +20,7 @@ _MAX_ABS = 1e300  # beyond what any measurement needs, and far from float overfl
 
 def number(value: Any) -> float | None:
     """``value`` as a finite float if it is a real number (not a bool or string), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
         f = float(value)

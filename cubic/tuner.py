@@ -11,7 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,9 @@ class _History:
     trials: dict[int, Trial]
     mark: int  # the newest event id read
     read_at: float  # when it was last read in full (monotonic)
+    #: Objective values of finished trials by trial id (a finished trial never changes), so
+    #: that the best and the front of a large study are not scored again at every request.
+    values: dict[int, list[float] | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,12 +649,20 @@ class Tuner:
         constraints)."""
         r = self.resolved(study_id)
         scored = (TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED)
-        for t in self.finished(study_id):
+        finished = self.finished(study_id)
+        with self._history_guard:
+            h = self._histories.get(study_id)
+            known = h.values if h is not None else {}
+        for t in finished:
             if t.state not in scored:
+                continue
+            if t.id in known:
+                yield t, known[t.id]
                 continue
             vals = None
             if t.state == TrialState.COMPLETE and t.metrics and not (t.error or ""):
                 vals = objective_values(r.spec, t.metrics, job_gpus(r.workload, t.params))
+            known[t.id] = vals
             yield t, vals
 
 

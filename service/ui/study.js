@@ -9,9 +9,11 @@ const table = { offset: 0, order: "number", state: "", sortKey: null, sortDir: 1
 let metric = "value";
 let live = true;
 const TOP = 50;
-// Beyond this many points a scatter is drawn by WebGL (scattergl): SVG markers cost a DOM
-// node each, and 10,000 of them take seconds to lay out.
-const GL_POINTS = 1000;
+// Beyond this many points predicted against measured is drawn as a density (a 2-D
+// histogram, one image): SVG markers cost a DOM node each (10,000 take seconds to lay out),
+// WebGL costs a context that a software renderer builds slowly, and 10,000 overlapping
+// markers hide where most of them lie anyway.
+const DENSITY_POINTS = 1000;
 
 function minimize(h) {
   return h.direction === "minimize";
@@ -62,7 +64,7 @@ function predictedScatter(h) {
     pts.y.push(value[i]);
     pts.text.push(`#${number[i]}`);
   }
-  const gl = pts.x.length > GL_POINTS;
+  const dense = pts.x.length > DENSITY_POINTS;
   document.getElementById("kendall").textContent =
     `Kendall's tau ${h.kendall_tau === null ? "–" : h.kendall_tau.toFixed(3)} over ${h.n_predicted} complete trials with a prediction`;
   document.getElementById("kendall").dataset.tau = h.kendall_tau === null ? "" : String(h.kendall_tau);
@@ -70,12 +72,19 @@ function predictedScatter(h) {
   return Plotly.react(
     "predicted-scatter",
     [
-      {
-        ...pts,
-        mode: "markers",
-        type: gl ? "scattergl" : "scatter",
-        marker: { size: gl ? 4 : 6 },
-      },
+      dense
+        ? {
+            x: pts.x,
+            y: pts.y,
+            type: "histogram2d",
+            nbinsx: 60,
+            nbinsy: 60,
+            // empty bins blank, then light to dark by count
+            colorscale: [[0, "rgba(255,255,255,0)"], [1e-9, "#deebf7"], [0.2, "#6baed6"], [1, "#08306b"]],
+            colorbar: { title: { text: "trials" } },
+            hovertemplate: "predicted %{x}<br>measured %{y}<br>%{z} trials<extra></extra>",
+          }
+        : { ...pts, mode: "markers", type: "scatter", marker: { size: 6 } },
     ],
     { title: { text: "Predicted against measured" }, xaxis: { title: { text: "predicted" } }, yaxis: { title: { text: `measured ${h.metric}` } } },
   );
@@ -323,6 +332,12 @@ async function loadTrials() {
   await fetchTrials();
   renderTrials();
 }
+
+// When plotly.js (4 MB) has been fetched and run: `cubic bench dashboard` reports how long
+// the page takes to draw after it, as well as from navigation start.
+plotlyReady().then(() => {
+  document.body.dataset.plotlyReady = performance.now().toFixed(0);
+});
 
 /** Once, when every panel has been drawn: milliseconds since navigation start. */
 function markRendered() {

@@ -179,7 +179,7 @@ def figures_match_the_api(page: Any, history: dict[str, Any], best: dict[str, An
     assert len(scatter["x"]) == history["n_predicted"]
     pairs = [(t["predicted"], t["value"]) for t in valued if t["predicted"] is not None]
     assert list(zip(scatter["x"], scatter["y"], strict=True)) == pairs
-    assert scatter["type"] == ("scattergl" if len(pairs) > 1000 else "scatter")
+    assert scatter["type"] == ("histogram2d" if len(pairs) > 1000 else "scatter")
     lines = page.evaluate(
         "() => document.getElementById('parallel').data.filter((t) => t.mode === 'lines')"
     )
@@ -397,7 +397,9 @@ def test_a_ten_thousand_trial_study_page_draws_every_panel(
         "parallel",
     ):
         assert page.locator(f"#{plot} .main-svg").count() > 0, plot
-    assert page.locator("#predicted-scatter canvas").count() > 0  # WebGL, not 10,000 nodes
+    # a density drawn as one image, not 10,000 marker nodes
+    assert page.locator("#predicted-scatter .hm image").count() == 1
+    assert page.locator("#predicted-scatter path.point").count() == 0
     figures_match_the_api(page, history, best)
     importance_matches_the_api(page, importance)
     assert page.locator("#trials tbody tr").count() == 50
