@@ -52,6 +52,12 @@ import numpy as np
 from cubic.hardware import GPU
 from cubic.sim import collectives as cc
 from cubic.sim.arrays import as_arrays
+from cubic.sim.lossy_a2a import (
+    ERR_LOSSY_PER_BOUND,
+    LOSSY_HBM_FRAC,
+    adaptive_exchange,
+    lossy_ratio,
+)
 from cubic.sim.result import SimResult
 from cubic.workload import DLRM, PRESETS, Cluster, Training, Workload
 
@@ -134,11 +140,8 @@ NODE_SYNC_S = 0.05e-3
 #: Stall of an unpipelined input distribution: the split-size exchange and its host sync,
 #: before the id all-to-all and the host-to-device batch copy can start.
 INPUT_SYNC_S = 0.5e-3
-#: Throughput of error-bounded lossy compression (cuSZ-class) as a fraction of HBM bandwidth,
-#: and its ratio: 4 at a 1e-3 bound rising to 10 at 5e-2 (log-linear in the bound).
-LOSSY_HBM_FRAC = 0.1
-LOSSY_RATIO_AT_1E3 = 4.0
-LOSSY_RATIO_SLOPE = math.log(10.0 / 4.0) / math.log(5e-2 / 1e-3)
+#: Error-bounded lossy compression of the exchange (its throughput, ratio curve, error score
+#: and the adaptive bounds) lives in :mod:`cubic.sim.lossy_a2a`.
 #: Memory: CUDA context, NCCL and cuBLAS workspaces; allocator reserve as a share of HBM (the
 #: reference passes HeuristicalStorageReservation(percentage=0.05)); share of host memory
 #: that host-placed tables may use (the rest holds the OS and the data loader).
@@ -155,7 +158,6 @@ PIPE_STAGES = 3
 #: costs about as much as an FP8 top MLP; a lossy exchange costs in proportion to its bound.
 ERR_FP8_SITE = {"fp8_bottom_mlp": 0.3, "fp8_top_mlp": 1.0, "fp8_interaction": 1.5}
 ERR_A2A = {"fp32": 0.0, "fp16": 0.02, "bf16": 0.1, "fp8": 1.0}
-ERR_LOSSY_PER_BOUND = 40.0
 
 SHARDINGS = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 TW, RW, CW, TWRW, DP = range(5)
@@ -173,6 +175,9 @@ DEFAULTS: dict[str, Any] = {
     "cache_load_factor": 0.2,
     "a2a_precision": "fp32",
     "lossy_error_bound": 1e-3,
+    # Adapt the lossy exchange's bound per table and per training phase within the error
+    # budget that lossy_error_bound sets (Feng et al., SC'24; see cubic.sim.lossy_a2a).
+    "lossy_adaptive": False,
     "batch_per_gpu": 4096,
     "fp8_bottom_mlp": False,
     "fp8_top_mlp": False,
@@ -283,12 +288,6 @@ def a2a_bytes(batch_per_gpu, pooled_dim, precision, error_bound=1e-3) -> np.ndar
     )
 
 
-def lossy_ratio(error_bound) -> np.ndarray:
-    """Compression ratio of the lossy all-to-all: ~4 at a 1e-3 bound, ~10 at 5e-2."""
-    eb = np.clip(np.asarray(error_bound, dtype=float), 1e-6, 0.5)
-    return np.maximum(1.0, LOSSY_RATIO_AT_1E3 * (eb / 1e-3) ** LOSSY_RATIO_SLOPE)
-
-
 def cache_hit_rate(cache_fraction, rows, zipf_a: float | None = None) -> np.ndarray:
     """Share of lookups served by an HBM cache of the hottest ``cache_fraction`` of rows.
 
@@ -350,6 +349,11 @@ def _codes(values: np.ndarray, names: Sequence[str]) -> np.ndarray:
     return out
 
 
+def _table_class(rows: int) -> str:
+    """The class of a table of ``rows`` rows (:data:`CLASSES`)."""
+    return "large" if rows >= LARGE_ROWS else "medium" if rows >= MEDIUM_ROWS else "small"
+
+
 def _fail(reason: np.ndarray, mask: np.ndarray, message) -> None:
     """Record ``message`` for configurations in ``mask`` that have no reason yet."""
     m = mask & (reason == "")
@@ -408,6 +412,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     Knobs (defaults in :data:`DEFAULTS`): ``sharding_large``/``_medium``/``_small`` (one of
     :data:`SHARDINGS`), ``placement_large`` (hbm, host, cached), ``cache_load_factor``,
     ``a2a_precision`` (fp32, fp16, bf16, fp8, lossy), ``lossy_error_bound``,
+    ``lossy_adaptive`` (per-table and per-phase bounds within that bound's error budget),
     ``batch_per_gpu``, ``fp8_bottom_mlp``, ``fp8_top_mlp``, ``fp8_interaction``,
     ``pipeline_sparse`` and ``allow_tf32``.
     """
@@ -445,6 +450,16 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     q = a2a_bytes_per_element(qprec, np.where(bound > 0, bound, 1e-3))
     _fail(reason, np.isnan(q), "unknown a2a_precision; expected fp32, fp16, bf16, fp8 or lossy")
     q = np.where(np.isnan(q), 4.0, q)
+    # Adaptive bounds: fewer bytes and a lower share of the bound's error score, priced once
+    # per distinct (bound, table classes exchanged).
+    adaptive = np.asarray(a["lossy_adaptive"], dtype=bool) & lossy
+    err_lossy = np.ones(n_cfg)  # error of the lossy exchange as a share of its bound's
+    if adaptive.any():
+        exchanged = np.stack([shard[c] != DP for c in CLASSES], axis=1)[adaptive]
+        table_cls = np.array([CLASSES.index(_table_class(t.rows)) for t in model.tables])
+        q[adaptive], err_lossy[adaptive] = adaptive_exchange(
+            model.tables, table_cls, np.where(bound > 0, bound, 1e-3)[adaptive], exchanged
+        )
     b = np.asarray(a["batch_per_gpu"], dtype=float)
     _fail(reason, ~(b >= 1), "batch_per_gpu must be at least 1")
     b = np.maximum(b, 1.0)
@@ -504,7 +519,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
     lookup_bw = hbm_bw * EMB_HBM_EFF
     uvm_bw = pcie_bw * UVM_EFF
     for i, t in enumerate(model.tables):
-        cls = "large" if t.rows >= LARGE_ROWS else "medium" if t.rows >= MEDIUM_ROWS else "small"
+        cls = _table_class(t.rows)
         m, rdiv, lk_per, samples, bal, lk_rank = per_class[cls]
         k = max(1, t.dim // CW_SHARD_DIM)
         dim_s = np.where(m[CW], t.dim / k, float(t.dim))
@@ -807,7 +822,7 @@ def simulate_dlrm(workload: Workload, configs: Configs) -> SimResult:
         err += w * fp8[k]
     for name, w in ERR_A2A.items():
         err += np.where(qprec == name, w, 0.0)
-    err += np.where(lossy, ERR_LOSSY_PER_BOUND * np.maximum(bound, 0.0), 0.0)
+    err += np.where(lossy, ERR_LOSSY_PER_BOUND * np.maximum(bound, 0.0) * err_lossy, 0.0)
 
     ok = valid & fits
     throughput = np.where(ok, big_b / step, 0.0)
@@ -962,6 +977,7 @@ def bench_dlrm(n: int = 100_000, seed: int = 0) -> float:
         "cache_load_factor": rng.choice([0.05, 0.1, 0.2, 0.4], n),
         "a2a_precision": pick(("fp32", "fp16", "bf16", "fp8", "lossy")),
         "lossy_error_bound": rng.choice([1e-3, 1e-2, 5e-2], n),
+        "lossy_adaptive": rng.random(n) < 0.5,
         "batch_per_gpu": rng.choice([512, 1024, 2048, 4096, 8192, 16384], n),
         "fp8_bottom_mlp": rng.random(n) < 0.5,
         "fp8_top_mlp": rng.random(n) < 0.5,
