@@ -611,6 +611,7 @@ DLRM_NAMES = [
     "cache_load_factor",
     "a2a_precision",
     "lossy_error_bound",
+    "lossy_adaptive",
     "batch_per_gpu",
     "fp8_bottom_mlp",
     "fp8_top_mlp",
@@ -696,6 +697,9 @@ def test_dlrm_space_conditions_and_choices() -> None:
     lossy = arrays["a2a_precision"] == "lossy"
     assert set(arrays["lossy_error_bound"][lossy].tolist()) == {0.001, 0.01, 0.05}
     assert set(arrays["lossy_error_bound"][~lossy].tolist()) == {0.0}
+    # A fixed or an adaptive bound for each bound; no adaptive flag without a lossy exchange.
+    assert set(arrays["lossy_adaptive"][lossy].tolist()) == {False, True}
+    assert not arrays["lossy_adaptive"][~lossy].any()
     assert np.array_equal(arrays["global_batch"], 64 * arrays["batch_per_gpu"])
     single_node = space.enumerate_arrays({**DLRM_CONTEXT, "num_gpus": 8, "gpus_per_node": 8})
     assert 0 < len(single_node["pipeline_sparse"]) < len(arrays["pipeline_sparse"])

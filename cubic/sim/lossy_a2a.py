@@ -93,18 +93,24 @@ def adaptive_plan(base_bound, weight, sensitivity) -> tuple[np.ndarray, np.ndarr
     (k, tables, phases), the bytes per element averaged over the exchanged tables and the
     phases (k,), and the error as a share of the fixed bound's (k,; at most 1).
     """
-    b = np.asarray(base_bound, dtype=float)[:, None, None]
+    b = np.asarray(base_bound, dtype=float)
+    k = len(b)
     share = np.array([p[0] for p in PHASES])
     sens = np.asarray(sensitivity, dtype=float)[:, None] * np.array([p[1] for p in PHASES])
     w = np.asarray(weight, dtype=float)[:, :, None] * share  # (k, tables, phases)
-    w_sum = w.sum(axis=(1, 2))
-    ws_sum = (w * sens).sum(axis=(1, 2))
+
+    def total(x: np.ndarray) -> np.ndarray:
+        # One row per plan, summed in the same order whatever k is (batch == one by one).
+        return np.ascontiguousarray(np.broadcast_to(x, w.shape)).reshape(k, -1).sum(axis=1)
+
+    w_sum = total(w)
+    ws_sum = total(w * sens)
     # Equal error per cell (bound x sensitivity), scaled so that the weighted error is the
     # fixed bound's: bound_ij = budget * mean_w(sensitivity) / sensitivity_ij.
     scale = ws_sum / w_sum
-    bounds = np.minimum(b * scale[:, None, None] / sens, ADAPTIVE_MAX_BOUND)
-    q = (w * (4.0 / lossy_ratio(bounds))).sum(axis=(1, 2)) / w_sum
-    err = (w * sens * bounds).sum(axis=(1, 2)) / (ws_sum * b[:, 0, 0])
+    bounds = np.minimum((b * scale)[:, None, None] / sens, ADAPTIVE_MAX_BOUND)
+    q = total(w * (4.0 / lossy_ratio(bounds))) / w_sum
+    err = total(w * sens * bounds) / (ws_sum * b)
     return bounds, q, err
 
 

@@ -255,6 +255,11 @@ def test_lossy_all_to_all_bytes() -> None:
         assert r["log10_lossy_error_bound"] == pytest.approx(math.log10(bound))
     # The space's placeholder bound (0.0 when not lossy) does not matter.
     assert _row(TOY_DLRM, {"lossy_error_bound": 0.0}) == _row(TOY_DLRM, {})
+    # An adaptive bound is its own column, and only with a lossy exchange.
+    adaptive = {"a2a_precision": "lossy", "lossy_adaptive": True}
+    assert _row(TOY_DLRM, adaptive)["lossy_adaptive"] == 1
+    assert _row(TOY_DLRM, {**adaptive, "lossy_adaptive": False})["lossy_adaptive"] == 0
+    assert _row(TOY_DLRM, {"a2a_precision": "fp16", "lossy_adaptive": True})["lossy_adaptive"] == 0
 
 
 def test_features_do_not_depend_on_the_simulator() -> None:
