@@ -13,7 +13,8 @@ scalable training of deep learning recommendation models":
   cache of the hottest rows (FBGEMM's UVM caching);
 * pooled embeddings exchanged by an all-to-all (table-wise, column-wise), a reduce-scatter of
   the global batch's partial sums (row-wise), or both (table-row-wise), and their
-  gradients the same way back;
+  gradients the same way back, in fp32, fp16/bf16, fp8 or error-bounded lossy compression at
+  a fixed or an adaptive bound (:mod:`cubic.sim.lossy_a2a`);
 * bottom MLP, interaction (dot or DCNv2) and top MLP replicated on every rank and
   synchronised with DDP's fp32 all-reduce, optionally with FP8 GEMMs per site;
 * a step time set by the slowest rank, plus a fixed host cost per step that eager
@@ -155,7 +156,8 @@ PIPE_STAGES = 3
 #: features and is followed by the interaction, the top MLP produces the logit, and the
 #: interaction's pairwise dot products of 128-wide vectors lose most to a 3-bit mantissa.
 #: The all-to-all carries every embedding into every interaction term, so an FP8 exchange
-#: costs about as much as an FP8 top MLP; a lossy exchange costs in proportion to its bound.
+#: costs about as much as an FP8 top MLP; a lossy exchange costs in proportion to its bound
+#: (an adaptive one at most as much: the bound is its budget).
 ERR_FP8_SITE = {"fp8_bottom_mlp": 0.3, "fp8_top_mlp": 1.0, "fp8_interaction": 1.5}
 ERR_A2A = {"fp32": 0.0, "fp16": 0.02, "bf16": 0.1, "fp8": 1.0}
 
