@@ -69,10 +69,14 @@ class Candidates:
         )
 
 
-def grid_product(space: Space) -> float:
-    """An upper bound on a finite space's size (inf for a continuous one)."""
+def grid_product(space: Space, context: dict[str, Any] | None = None) -> float:
+    """An upper bound on a finite space's size (inf for a continuous one); with a
+    ``context``, a parameter the workload rules out (:meth:`Space.fixed`) counts once."""
+    fixed = space.fixed(context) if context is not None else {}
     total = 1.0
     for p in space.parameters:
+        if p.name in fixed:
+            continue
         if not p.is_finite:
             return math.inf
         total *= len(p.grid())
@@ -154,7 +158,7 @@ def survey(
     minima: dict[str, dict[Any, float]] = {
         p.name: {} for p in space.parameters if p.is_finite and len(p.grid()) <= 64
     }
-    exhaustive = grid_product(space) <= ENUMERATE_LIMIT
+    exhaustive = grid_product(space, ctx) <= ENUMERATE_LIMIT
     known = knows_knobs(workload.kind, space.names)
 
     def consider(arrays: dict[str, np.ndarray]) -> None:
