@@ -111,6 +111,13 @@ ERROR = np.array([f.error for f in FORMATS])
 MXFP4_ER_GEMM_OVERHEAD = 0.062
 UNSET = -2
 UNKNOWN = -1
+#: The knob that turns on the MXFP4 error-reduction techniques for every MXFP4 site.
+ERROR_REDUCTION_KNOB = "mxfp4_error_reduction"
+
+
+def format_knob(fp8_site: str) -> str:
+    """A GEMM site's format knob, named after its FP8 switch: ``fp8_qkv`` -> ``qkv_format``."""
+    return fp8_site.removeprefix("fp8_") + "_format"
 
 
 def codes(values: np.ndarray) -> np.ndarray:
@@ -124,13 +131,16 @@ def codes(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def site_codes(fp8: np.ndarray, fmt: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def site_codes(
+    fp8: np.ndarray, fmt: np.ndarray | None, error_reduction: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each config's format code for one GEMM site, and where its two knobs disagree.
 
     ``fp8`` is the site's FP8 switch (``fp8_qkv``...), ``fmt`` its ``<site>_format`` values
     (None: not given). The switch means FP8 with per-tensor scaling, so a format left unset
     or at ``bf16`` follows it; ``fp8`` with any other format is a conflict. Unknown names
-    come back as :data:`UNKNOWN`.
+    come back as :data:`UNKNOWN`. Where ``error_reduction`` holds, an MXFP4 site is
+    :data:`MXFP4_ER`.
     """
     fp8 = np.asarray(fp8, dtype=bool)
     if fmt is None:
@@ -138,14 +148,23 @@ def site_codes(fp8: np.ndarray, fmt: np.ndarray | None) -> tuple[np.ndarray, np.
     c = codes(fmt)
     follows = (c == UNSET) | (c == BF16)
     conflict = fp8 & ~follows & (c != FP8)
-    out = np.where(follows, np.where(fp8, FP8, BF16), c).astype(np.int8)
-    return out, conflict
+    out = np.where(follows, np.where(fp8, FP8, BF16), c)
+    if error_reduction is not None:
+        out = np.where(np.asarray(error_reduction, dtype=bool) & (out == MXFP4), MXFP4_ER, out)
+    return out.astype(np.int8), conflict
+
+
+def error(code: np.ndarray) -> np.ndarray:
+    """Relative error score per format code (:data:`ERROR`; 0 for an unknown name)."""
+    code = np.asarray(code)
+    return np.where(code >= 0, ERROR[np.maximum(code, 0)], 0.0)
 
 
 __all__ = [
     "BF16",
     "BLOCK_SCALED",
     "ERROR",
+    "ERROR_REDUCTION_KNOB",
     "FORMATS",
     "FP8",
     "MXFP4",
@@ -159,5 +178,7 @@ __all__ = [
     "UNSET",
     "Format",
     "codes",
+    "error",
+    "format_knob",
     "site_codes",
 ]

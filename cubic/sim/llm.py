@@ -43,7 +43,7 @@ import numpy as np
 from cubic.formats import (
     BF16,
     BLOCK_SCALED,
-    ERROR,
+    ERROR_REDUCTION_KNOB,
     FORMATS,
     FP8,
     MXFP4,
@@ -51,8 +51,10 @@ from cubic.formats import (
     MXFP4_ER_GEMM_OVERHEAD,
     NAMES,
     UNKNOWN,
+    format_knob,
     site_codes,
 )
+from cubic.formats import error as format_error
 from cubic.hardware import GPU
 from cubic.pipeline import stage_layers
 from cubic.sim import collectives as coll
@@ -177,7 +179,7 @@ FP8_SITES = tuple(FP8_ERROR_WEIGHTS)
 #: Each site's format knob (``qkv_format``...): any format of :data:`cubic.formats.NAMES`;
 #: unset, it follows the site's FP8 switch. A site's error is its weight times its format's
 #: relative error (:data:`cubic.formats.ERROR`, FP8 per tensor = 1).
-FORMAT_KNOBS = {k: k.removeprefix("fp8_") + "_format" for k in FP8_SITES}
+FORMAT_KNOBS = {k: format_knob(k) for k in FP8_SITES}
 
 #: Knobs and their defaults (Megatron-Core's). ``dp`` defaults to num_gpus // (tp*pp*cp).
 DEFAULTS: dict[str, Any] = {
@@ -199,7 +201,7 @@ DEFAULTS: dict[str, Any] = {
     # A GEMM site's format (cubic.formats.NAMES); None: FP8 where its fp8_<site> is on, else
     # BF16. mxfp4_error_reduction: overflow-aware and macro-block scaling on MXFP4 sites.
     **dict.fromkeys(FORMAT_KNOBS.values()),
-    "mxfp4_error_reduction": False,
+    ERROR_REDUCTION_KNOB: False,
     "precision": None,
     "overlap_grad_reduce": False,
     "overlap_param_gather": False,
@@ -511,18 +513,16 @@ def simulate_llm(
         for k in FP8_SITES[:-1]:
             site[k] = site[k] | all_fp8
     # Each GEMM site's format code (cubic.formats): the FP8 switch, or its format knob.
+    er = _bool(arr[ERROR_REDUCTION_KNOB])
     code, conflict = {}, {}
     for k in FP8_SITES:
-        code[k], conflict[k] = site_codes(site[k], arr.get(FORMAT_KNOBS[k]))
-    er = _bool(arr["mxfp4_error_reduction"])
-    for k in FP8_SITES:
-        code[k] = np.where(er & (code[k] == MXFP4), MXFP4_ER, code[k]).astype(np.int8)
+        code[k], conflict[k] = site_codes(site[k], arr.get(FORMAT_KNOBS[k]), er)
     any_fp8 = np.zeros(n, dtype=bool)
     for k in FP8_SITES:
         any_fp8 |= code[k] == FP8
     err = np.zeros(n)
     for k, w in FP8_ERROR_WEIGHTS.items():
-        err = err + w * np.where(code[k] >= 0, ERROR[np.maximum(code[k], 0)], 0.0)
+        err = err + w * format_error(code[k])
 
     # --- validity ---------------------------------------------------------------------------
     L, h, a, kvh = model.layers, model.hidden, model.heads, model.kv_heads
