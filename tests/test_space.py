@@ -602,6 +602,12 @@ LLM_NAMES = [
     "fp8_mlp_in",
     "fp8_mlp_out",
     "fp8_lm_head",
+    "qkv_format",
+    "attn_out_format",
+    "mlp_in_format",
+    "mlp_out_format",
+    "lm_head_format",
+    "mxfp4_error_reduction",
 ]
 DLRM_NAMES = [
     "sharding_large",
@@ -710,12 +716,11 @@ def test_vectorised_sampling_and_enumeration_cover_the_space() -> None:
     assert len(configs) == 10_000
     arrays = space.enumerate_arrays(LLM_CONTEXT)
     assert len(arrays["tp"]) == space.size(LLM_CONTEXT)
-    # Every enumerated point is distinct: encode each row as one integer.
-    key = np.zeros(len(arrays["tp"]), dtype=np.int64)
-    for name in space.names:
-        _, codes = np.unique(arrays[name], return_inverse=True)
-        key = key * 8 + codes
-    assert len(np.unique(key)) == len(key)
+    # Every enumerated point is distinct: encode each row as a row of value codes.
+    codes = np.stack(
+        [np.unique(arrays[name], return_inverse=True)[1] for name in space.names], axis=1
+    ).astype(np.int8)
+    assert len(np.unique(codes, axis=0)) == len(codes)
 
 
 def test_llm_size_matches_a_brute_force_count_of_the_parallel_layout() -> None:
