@@ -38,7 +38,7 @@ def test_spaces_validate_ok_counts_configs() -> None:
     out = cubic(
         "spaces", "validate", str(SPACES / "llm_pretrain.yaml"), "--workload", "llama3_70b"
     ).stdout
-    assert "ok, 16 parameters" in out
+    assert "ok, 22 parameters" in out
     assert "valid configurations for llama3_70b" in out
     assert "run on h100_sxm" in out and "fit in memory by the estimate (5% headroom)" in out
 
@@ -84,7 +84,7 @@ def test_spaces_validate_finds_a_shipped_space_by_name_from_any_folder(tmp_path:
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("llm_pretrain.yaml: ok, 16 parameters")
+    assert proc.stdout.startswith("llm_pretrain.yaml: ok, 22 parameters")
 
 
 @pytest.mark.parametrize(
