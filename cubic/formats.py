@@ -20,9 +20,9 @@ The formats, from the public specifications:
 
 ``mxfp4`` has an option: the MXFP4 error-reduction techniques of Chhugani et al.,
 "Unveiling the Potential of Quantization with MXFP4: Strategies for Quantization Error
-Reduction" (arXiv:2603.08713, 2026): overflow-aware scaling (a power-of-two block scale
-chosen so that rounding the block maximum does not overflow, widening the usable range) and
-macro-block scaling (a higher-precision scale over a coarser block that keeps outliers).
+Reduction" (arXiv:2603.08713, 2026): overflow-aware scaling (more usable range under
+power-of-two block scales) and macro-block scaling (a higher-precision scale over coarser
+blocks, which keeps outliers).
 Together they close the MXFP4-to-NVFP4 accuracy gap from about 10 % to under 1 % at 6.2 %
 GEMM overhead on average; :data:`MXFP4_ER_GEMM_OVERHEAD` is that figure.
 
