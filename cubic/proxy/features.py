@@ -274,13 +274,22 @@ def knows_knobs(kind: str, names: Sequence[str]) -> bool:
     return any(n in defaults for n in names)
 
 
-def hardware_ok(workload: Workload, X: np.ndarray) -> np.ndarray:
+def hardware_ok(workload: Workload, X: np.ndarray, configs: Configs | None = None) -> np.ndarray:
     """Whether each config (feature rows ``X``) uses only what the GPU has: no FP8 GEMM
-    site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16)."""
+    site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16) and,
+    given the ``configs`` themselves, no LLM GEMM site in a block-scaled format it lacks."""
     names = feature_names(workload.kind)
-    if workload.gpu.has_fp8 or "fp8_sites" not in names:
-        return np.ones(len(X), dtype=bool)
-    return X[:, names.index("fp8_sites")] == 0
+    ok = np.ones(len(X), dtype=bool)
+    if not workload.gpu.has_fp8 and "fp8_sites" in names:
+        ok &= X[:, names.index("fp8_sites")] == 0
+    lacking = [i for i, f in enumerate(FORMATS) if f.block and f.rate not in workload.gpu.formats]
+    if configs is not None and workload.kind == "llm" and lacking:
+        needed = (*FP8_SITES, *(format_knob(k) for k in FP8_SITES), ERROR_REDUCTION_KNOB)
+        cols, _ = _columns(configs, {k: LLM_DEFAULTS[k] for k in needed})
+        code = _site_codes(cols, {k: _bool(cols[k]) for k in FP8_SITES})
+        for c in code.values():
+            ok &= ~np.isin(c, lacking)
+    return ok
 
 
 def featurize(workload: Workload, configs: Configs) -> np.ndarray:

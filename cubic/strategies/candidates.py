@@ -3,12 +3,13 @@
 On the largest models nine configs in ten of a full space run out of memory, and a search
 that draws candidates blindly spends its trials finding that out. So candidates are drawn
 from the configs that (a) obey the space's rules, (b) use only what the GPU has (no FP8
-GEMM on a GPU without FP8) and (c) fit in memory by the arithmetic estimate, with some
-slack so that a per-study correction (:class:`cubic.proxy.memory.MemoryModel`) can move
-the line either way. However rare they are: a finite space is enumerated outright (its
-vectorised enumeration and features make 10^6 configs a second or two), and any other is
-sampled in growing batches. The result depends only on the workload, the space and the
-limit, so it is built once per study and shared (bounded cache).
+GEMM on a GPU without FP8, no block-scaled format it lacks) and (c) fit in memory by the
+arithmetic estimate, with some slack so that a per-study correction
+(:class:`cubic.proxy.memory.MemoryModel`) can move the line either way. However rare they
+are: a finite space is enumerated outright (its vectorised enumeration and features make
+10^6 configs a second or two), and any other is sampled in growing batches. The result
+depends only on the workload, the space and the limit, so it is built once per study and
+shared (bounded cache).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def survey(
             return
         examined += n
         X = featurize(workload, arrays)
-        hw = hardware_ok(workload, X)
+        hw = hardware_ok(workload, X, arrays)
         est = estimate_ratio(workload.kind, X) if known else np.zeros(n)
         est = np.where(hw, est, np.inf)
         on_hw += int(hw.sum())
