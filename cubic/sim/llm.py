@@ -51,9 +51,11 @@ from cubic.formats import (
     MXFP4_ER_GEMM_OVERHEAD,
     NAMES,
     UNKNOWN,
+    UNSET,
     format_knob,
     site_codes,
 )
+from cubic.formats import codes as format_codes
 from cubic.formats import error as format_error
 from cubic.hardware import GPU
 from cubic.pipeline import stage_layers
@@ -451,11 +453,12 @@ def simulate_llm(
       ``overlap_grad_reduce``, ``overlap_param_gather``: Megatron-LM's switches.
     * ``fp8_qkv``, ``fp8_attn_out``, ``fp8_mlp_in``, ``fp8_mlp_out``, ``fp8_lm_head``: GEMM
       sites run in FP8 with per-tensor scaling; ``precision='fp8'`` turns on all but the LM
-      head. ``qkv_format``, ``attn_out_format``, ``mlp_in_format``, ``mlp_out_format``,
-      ``lm_head_format`` name a site's format instead (:data:`cubic.formats.NAMES`: also the
-      block-scaled MXFP8, MXFP6, NVFP4 and MXFP4 where the GPU has them); unset or ``bf16``,
-      the FP8 switch decides. ``mxfp4_error_reduction`` applies overflow-aware and
-      macro-block scaling to the MXFP4 sites (slower GEMMs, smaller error).
+      head (and those whose format is named). ``qkv_format``, ``attn_out_format``,
+      ``mlp_in_format``, ``mlp_out_format``, ``lm_head_format`` name a site's format instead
+      (:data:`cubic.formats.NAMES`: also the block-scaled MXFP8, MXFP6, NVFP4 and MXFP4
+      where the GPU has them); unset or ``bf16``, the FP8 switch decides.
+      ``mxfp4_error_reduction`` applies overflow-aware and macro-block scaling to the MXFP4
+      sites (slower GEMMs, smaller error).
     * ``flash_attention`` (default on) and ``fp32_grads`` (default: on unless training in
       FP16) describe the software stack rather than a layout.
 
@@ -508,10 +511,12 @@ def simulate_llm(
     ovl_p = _bool(arr["overlap_param_gather"])
     tpo = _bool(arr["tp_comm_overlap"])
     site = {k: _bool(arr[k]) for k in FP8_SITES}
-    if "precision" in arr:
+    if "precision" in arr:  # FP8 on every layer GEMM whose format the config leaves unset
         all_fp8 = arr["precision"] == "fp8"
         for k in FP8_SITES[:-1]:
-            site[k] = site[k] | all_fp8
+            named = FORMAT_KNOBS[k] in arr and all_fp8.any()
+            unset = format_codes(arr[FORMAT_KNOBS[k]]) == UNSET if named else True
+            site[k] = site[k] | (all_fp8 & unset)
     # Each GEMM site's format code (cubic.formats): the FP8 switch, or its format knob.
     er = _bool(arr[ERROR_REDUCTION_KNOB])
     code, conflict = {}, {}

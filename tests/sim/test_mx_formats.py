@@ -211,6 +211,8 @@ def test_fp8_switches_keep_their_meaning() -> None:
         dict(base, precision="fp8", lm_head_format="fp8"),
         dict(base, fp8_mlp_in=True, mlp_in_format="nvfp4"),
         dict(base, qkv_format="fp4"),
+        dict(base, precision="fp8", mlp_in_format="nvfp4"),
+        dict(base, fp8_qkv=True, fp8_attn_out=True, fp8_mlp_out=True, mlp_in_format="nvfp4"),
     ]
     res = simulate_llm(wl, cfgs)
     for i in (1, 2):
@@ -225,6 +227,9 @@ def test_fp8_switches_keep_their_meaning() -> None:
     assert res.reason[6] == (
         "invalid: qkv_format must be one of bf16, fp8, mxfp8, mxfp6, nvfp4, mxfp4"
     )
+    # precision: fp8 leaves a site whose format is named to that format.
+    assert res.valid[7] and res.step_time[7] == res.step_time[8]
+    assert res.error_score[7] == pytest.approx(0.55 + 0.1 * 4.0)
 
 
 def test_a_gpu_with_some_block_scaled_formats(tmp_path) -> None:
