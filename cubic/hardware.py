@@ -2,9 +2,11 @@
 
 Figures are the vendors' published dense (non-sparse) peaks, per GPU, from the NVIDIA A100,
 H100, H200 and DGX B200 datasheets. Bandwidths are per direction, because that is what a
-ring or all-to-all collective moves data with. Users add their own GPUs in YAML with
-:func:`load_hardware` (or the ``CUBIC_HARDWARE`` environment variable), using the same keys
-as :class:`GPU`.
+ring or all-to-all collective moves data with. ``peak_tflops`` names only the precisions
+a GPU's tensor cores run natively: Hopper adds FP8 to Ampere's; Blackwell adds the
+block-scaled formats of :mod:`cubic.formats` (MXFP8, MXFP6, MXFP4, NVFP4). Users add their
+own GPUs in YAML with :func:`load_hardware` (or the ``CUBIC_HARDWARE`` environment
+variable), using the same keys as :class:`GPU`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 
 import yaml
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
+#: GEMM input formats narrower than 16 bits (see :mod:`cubic.formats`); a GPU without one
+#: runs that GEMM at BF16 instead.
+LOW_PRECISIONS = ("fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +29,9 @@ class GPU:
     """One accelerator model and the node it usually sits in.
 
     ``peak_tflops`` maps a precision to dense peak TFLOP/s; a precision that the chip lacks
-    (FP8 on A100) is absent. Link bandwidths are GB/s per GPU per direction; latencies are
-    the per-message start-up cost (the alpha of the alpha-beta model) in microseconds.
+    (FP8 on A100, the MX formats on H100) is absent. Link bandwidths are GB/s per GPU per
+    direction; latencies are the per-message start-up cost (the alpha of the alpha-beta
+    model) in microseconds.
     """
 
     name: str
@@ -45,8 +51,9 @@ class GPU:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def peak(self, precision: str) -> float:
-        """Dense peak FLOP/s (not TFLOP/s) at ``precision``; FP8 falls back to BF16 where absent."""
-        if precision == "fp8" and "fp8" not in self.peak_tflops:
+        """Dense peak FLOP/s (not TFLOP/s) at ``precision``; FP8 and the block-scaled formats
+        fall back to BF16 where absent."""
+        if precision in LOW_PRECISIONS and precision not in self.peak_tflops:
             precision = "bf16"
         if precision == "fp16" and "fp16" not in self.peak_tflops:
             precision = "bf16"
@@ -56,9 +63,21 @@ class GPU:
     def has_fp8(self) -> bool:
         return "fp8" in self.peak_tflops
 
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The GEMM formats narrower than 16 bits that the tensor cores run natively."""
+        return tuple(p for p in LOW_PRECISIONS if p in self.peak_tflops)
+
+    @property
+    def has_mx(self) -> bool:
+        """Whether the GPU runs any OCP Microscaling (MX) format natively (Blackwell)."""
+        return any(p in self.peak_tflops for p in ("mxfp8", "mxfp6", "mxfp4"))
+
     def capabilities(self, gpus_per_node: int | None = None) -> dict[str, Any]:
         """What a search space's expressions may ask of the hardware (``when: "has_fp8"``).
 
+        ``has_fp8`` and, per block-scaled format, ``has_mxfp8``, ``has_mxfp6``, ``has_mxfp4``
+        and ``has_nvfp4`` (``has_mx``: any MX format) say which GEMM formats exist here.
         ``nvlink_domain`` is the number of GPUs one NVLink fabric joins: the node unless the
         catalogue says otherwise (an NVL72 rack joins 72).
         """
@@ -67,6 +86,8 @@ class GPU:
             "gpu": self.name,
             "hbm_gb": self.hbm_gb,
             "has_fp8": self.has_fp8,
+            "has_mx": self.has_mx,
+            **{f"has_{p}": p in self.peak_tflops for p in LOW_PRECISIONS[1:]},
             "nvlink_domain": self.nvlink_domain or node,
             "host_mem_gb": self.host_mem_gb_per_node,
             "peak_bf16_tflops": self.peak_tflops["bf16"],
@@ -83,7 +104,20 @@ class GPU:
 
 _A100 = {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}
 _H100 = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}
-_B200 = {"fp32": 80.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}
+#: Blackwell runs MXFP8 and MXFP6 at the FP8 rate and MXFP4 and NVFP4 at twice it: NVIDIA's
+#: HGX B200 and DGX B200 datasheets list, per 8 GPUs, 72 PFLOPS FP8/FP6 and 144 PFLOPS FP4
+#: with 2:4 sparsity, so 4.5 and 9 PFLOPS dense per GPU (BF16 2.25).
+_B200 = {
+    "fp32": 80.0,
+    "tf32": 1100.0,
+    "bf16": 2250.0,
+    "fp16": 2250.0,
+    "fp8": 4500.0,
+    "mxfp8": 4500.0,
+    "mxfp6": 4500.0,
+    "mxfp4": 9000.0,
+    "nvfp4": 9000.0,
+}
 
 _BUILTIN: dict[str, GPU] = {
     g.name: g
@@ -141,7 +175,11 @@ _BUILTIN: dict[str, GPU] = {
             nic_gbs=50,
             pcie_gbs=55,
             price_per_hour=5.5,
-            source="NVIDIA DGX B200 datasheet (NVLink5 1.8 TB/s, 8x 400 Gb/s)",
+            source=(
+                "NVIDIA DGX B200 datasheet (NVLink5 1.8 TB/s, 8x 400 Gb/s); dense peaks from "
+                "the HGX/DGX B200 datasheets: BF16 2.25, FP8/MXFP8/MXFP6 4.5, MXFP4/NVFP4 9 "
+                "PFLOPS per GPU (half the sparse figures)"
+            ),
         ),
         GPU(
             "cpu",

@@ -806,6 +806,38 @@ class Space:
                 f"{first.source!r}; the context has {sorted(context)})"
             )
 
+    def fixed(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters the workload alone rules out, each with its default: those whose
+        condition is false whatever the other parameters hold (a knob for hardware the GPU
+        lacks, such as an FP8 site on an A100). Sampling draws nothing for them and a search
+        never moves them, so knobs of other hardware leave a study's random stream as it was.
+
+        A condition counts as false here when it evaluates to false from the context and the
+        defaults of parameters already fixed, without reading any other parameter (``has_mx
+        and not fp8_qkv`` on a GPU without MX formats)."""
+        taken = set(self._index) | set(self.derived_names)
+        env = {k: v for k, v in context.items() if k not in taken}
+        out: dict[str, Any] = {}
+        for p in self.parameters:
+            if p.when is None:
+                continue
+            try:
+                active = p.when.evaluate(env)
+            except ExpressionError:
+                continue  # it reads a parameter that varies
+            if not isinstance(active, np.ndarray) and not bool(active):
+                out[p.name] = env[p.name] = p.default
+        return out
+
+    def _draw(
+        self, rng: np.random.Generator, size: int, fixed: Mapping[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """Independent draws of every parameter; a fixed one holds its default."""
+        return {
+            p.name: np.repeat(p.array([p.default]), size) if p.name in fixed else p.draw(rng, size)
+            for p in self.parameters
+        }
+
     # -- one configuration
 
     def validate(self, config: Mapping[str, Any], context: Mapping[str, Any]) -> list[str]:
@@ -1082,7 +1114,7 @@ class Space:
         exhaustive = arrays is not None
         if arrays is None:
             rng = np.random.default_rng(seed)
-            raw = {p.name: p.draw(rng, draws) for p in self.parameters}
+            raw = self._draw(rng, draws, self.fixed(context))
             resolved, keep = bare._resolve(raw, context, draws)
             arrays = {k: v[keep] for k, v in resolved.items()}
         n = len(arrays[self.names[0]])
@@ -1097,10 +1129,11 @@ class Space:
         """True when a valid configuration exists, False when none does (enumerated), None
         when ``draws`` random draws found none but the space is too large to enumerate."""
         rng = np.random.default_rng(0)
+        fixed = self.fixed(context)
         drawn, batch = 0, 1024  # the first batch settles almost every real space
         while drawn < draws:
             size = min(batch, draws - drawn)
-            raw = {p.name: p.draw(rng, size) for p in self.parameters}
+            raw = self._draw(rng, size, fixed)
             if self._resolve(raw, context, size)[1].any():
                 return True
             drawn, batch = drawn + size, batch * 4
@@ -1200,6 +1233,7 @@ class Space:
             raise ValueError(f"n must be non-negative, got {n}")
         self.check_context(context)
         limit = max(100_000, 1000 * n) if max_tries is None else max_tries
+        fixed = self.fixed(context)
         parts: list[dict[str, np.ndarray]] = []
         found = drawn = 0
         batch = max(256, 2 * n)
@@ -1210,7 +1244,7 @@ class Space:
                     "the constraints may be unsatisfiable for this context"
                 )
             size = min(batch, limit - drawn)
-            raw = {p.name: p.draw(rng, size) for p in self.parameters}
+            raw = self._draw(rng, size, fixed)
             arrays, keep = self._resolve(raw, context, size)
             drawn += size
             take = np.flatnonzero(keep)[: n - found]

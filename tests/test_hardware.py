@@ -48,3 +48,40 @@ def test_bad_hardware_file_names_the_problem(tmp_path: Path, text: str, needle: 
 def test_unknown_gpu_lists_the_known_ones() -> None:
     with pytest.raises(HardwareError, match="h100_sxm"):
         get_gpu("tpu_v9")
+
+
+def test_blackwell_runs_the_block_scaled_formats_at_the_datasheet_rates() -> None:
+    """DGX/HGX B200 datasheets, dense per GPU: BF16 2.25, FP8/FP6 4.5, FP4 9 PFLOPS."""
+    b200 = get_gpu("b200")
+    assert b200.peak("bf16") == pytest.approx(2.25e15)
+    for fmt in ("fp8", "mxfp8", "mxfp6"):
+        assert b200.peak(fmt) == pytest.approx(4.5e15)
+    for fmt in ("mxfp4", "nvfp4"):
+        assert b200.peak(fmt) == pytest.approx(9.0e15)
+    assert b200.formats == ("fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")
+    assert "datasheet" in b200.source and "MXFP4" in b200.source
+    caps = b200.capabilities(8)
+    assert caps["has_mx"] and caps["has_mxfp8"] and caps["has_mxfp4"] and caps["has_nvfp4"]
+
+
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "a100_80gb", "a100_40gb"])
+def test_hopper_and_ampere_have_no_block_scaled_formats(name: str) -> None:
+    gpu = get_gpu(name)
+    caps = gpu.capabilities(8)
+    assert not caps["has_mx"]
+    assert not any(caps[f"has_{f}"] for f in ("mxfp8", "mxfp6", "mxfp4", "nvfp4"))
+    assert gpu.formats == (("fp8",) if gpu.has_fp8 else ())
+    # An MX GEMM on such a GPU could only run at BF16 (the simulator refuses it instead).
+    assert gpu.peak("mxfp4") == gpu.peak("bf16")
+
+
+def test_user_hardware_may_declare_some_block_scaled_formats(tmp_path: Path) -> None:
+    f = tmp_path / "hw.yaml"
+    f.write_text(
+        "gpus:\n  mx8_only_test:\n    base: h100_sxm\n"
+        "    peak_tflops: {bf16: 1000, fp8: 2000, mxfp8: 2000}\n"
+    )
+    (gpu,) = load_hardware(f)
+    assert gpu.formats == ("fp8", "mxfp8")
+    caps = gpu.capabilities()
+    assert caps["has_mx"] and caps["has_mxfp8"] and not caps["has_mxfp4"]

@@ -602,6 +602,12 @@ LLM_NAMES = [
     "fp8_mlp_in",
     "fp8_mlp_out",
     "fp8_lm_head",
+    "qkv_format",
+    "attn_out_format",
+    "mlp_in_format",
+    "mlp_out_format",
+    "lm_head_format",
+    "mxfp4_error_reduction",
 ]
 DLRM_NAMES = [
     "sharding_large",
@@ -708,18 +714,47 @@ def test_dlrm_space_conditions_and_choices() -> None:
         assert "table_row_wise" not in single_node[name]
 
 
+def test_knobs_the_context_rules_out_are_fixed_and_draw_nothing() -> None:
+    """A parameter whose condition is false from the context alone (or from the defaults of
+    parameters fixed before it) is fixed at its default: adding such parameters leaves the
+    random draws of the others as they were."""
+    base = {
+        "a": {"type": "int", "low": 1, "high": 8},
+        "b": {"type": "categorical", "choices": ["x", "y"]},
+    }
+    extra = {
+        "hw": {"type": "bool", "default": False, "when": "has_thing"},
+        "fmt": {
+            "type": "categorical",
+            "choices": ["p", "q"],
+            "default": "p",
+            "when": "has_thing and not hw",
+        },
+        "opt": {"type": "bool", "default": False, "when": "fmt == 'q' or b == 'y'"},
+    }
+    plain = Space.from_dict({"parameters": base})
+    grown = Space.from_dict({"parameters": {**base, **extra}})
+    ctx = {"has_thing": False}
+    assert grown.fixed(ctx) == {"hw": False, "fmt": "p"}  # opt reads b, which varies
+    assert grown.fixed({"has_thing": True}) == {}
+    a = plain.sample_arrays(np.random.default_rng(3), 500, ctx)
+    b = grown.sample_arrays(np.random.default_rng(3), 500, ctx)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert set(b["fmt"].tolist()) == {"p"} and not b["hw"].any()
+    assert set(b["opt"].tolist()) == {False, True}
+
+
 def test_vectorised_sampling_and_enumeration_cover_the_space() -> None:
     space = Space.from_yaml(LLM_FILE)
     configs = space.sample(np.random.default_rng(0), 10_000, LLM_CONTEXT)
     assert len(configs) == 10_000
     arrays = space.enumerate_arrays(LLM_CONTEXT)
     assert len(arrays["tp"]) == space.size(LLM_CONTEXT)
-    # Every enumerated point is distinct: encode each row as one integer.
-    key = np.zeros(len(arrays["tp"]), dtype=np.int64)
-    for name in space.names:
-        _, codes = np.unique(arrays[name], return_inverse=True)
-        key = key * 8 + codes
-    assert len(np.unique(key)) == len(key)
+    # Every enumerated point is distinct: encode each row as a row of value codes.
+    codes = np.stack(
+        [np.unique(arrays[name], return_inverse=True)[1] for name in space.names], axis=1
+    ).astype(np.int8)
+    assert len(np.unique(codes, axis=0)) == len(codes)
 
 
 def test_llm_size_matches_a_brute_force_count_of_the_parallel_layout() -> None:

@@ -249,8 +249,9 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, Any]) -> dict[str, 
     data = json.loads(payload)
     workload = Workload.from_dict(data["workload"])
     space = Space.from_dict(data["space"])
-    dists = space.optuna_distributions()
     ctx = workload.context()
+    fixed = space.fixed(ctx)  # knobs the hardware rules out, as the service's samplers skip
+    dists = {k: d for k, d in space.optuna_distributions().items() if k not in fixed}
     calls: list[tuple[float, str, float]] = []
     errors = 0
     causes: list[str] = []

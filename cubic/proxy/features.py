@@ -27,11 +27,23 @@ from typing import Any
 
 import numpy as np
 
+from cubic.formats import (
+    BF16,
+    ERROR_REDUCTION_KNOB,
+    FORMATS,
+    FP8,
+    MXFP4_ER,
+    MXFP4_ER_GEMM_OVERHEAD,
+    format_knob,
+    site_codes,
+)
+from cubic.formats import error as format_error
 from cubic.pipeline import activation_layers, stage_layers
 from cubic.workload import DLRM, LLM, Workload
 
 Configs = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
+FP8_SITES = ("fp8_qkv", "fp8_attn_out", "fp8_mlp_in", "fp8_mlp_out", "fp8_lm_head")
 #: Megatron-Core's defaults for knobs a configuration does not name.
 LLM_DEFAULTS: dict[str, Any] = {
     "tp": 1,
@@ -51,6 +63,9 @@ LLM_DEFAULTS: dict[str, Any] = {
     "fp8_mlp_in": False,
     "fp8_mlp_out": False,
     "fp8_lm_head": False,
+    # A site's format knob (None: its FP8 switch decides) and MXFP4 error reduction.
+    **{format_knob(k): None for k in FP8_SITES},
+    ERROR_REDUCTION_KNOB: False,
     "first_stage_layers": None,
     "last_stage_layers": None,
     "embedding_loss_in_split": False,
@@ -76,7 +91,6 @@ DLRM_DEFAULTS: dict[str, Any] = {
 }
 
 RECOMPUTE = ("none", "selective", "full")
-FP8_SITES = ("fp8_qkv", "fp8_attn_out", "fp8_mlp_in", "fp8_mlp_out", "fp8_lm_head")
 LLM_BOOLS = (
     "sequence_parallel",
     "tp_comm_overlap",
@@ -262,13 +276,22 @@ def knows_knobs(kind: str, names: Sequence[str]) -> bool:
     return any(n in defaults for n in names)
 
 
-def hardware_ok(workload: Workload, X: np.ndarray) -> np.ndarray:
+def hardware_ok(workload: Workload, X: np.ndarray, configs: Configs | None = None) -> np.ndarray:
     """Whether each config (feature rows ``X``) uses only what the GPU has: no FP8 GEMM
-    site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16)."""
+    site on a GPU without FP8 tensor cores (the DLRM's FP8 sites fall back to BF16) and,
+    given the ``configs`` themselves, no LLM GEMM site in a block-scaled format it lacks."""
     names = feature_names(workload.kind)
-    if workload.gpu.has_fp8 or "fp8_sites" not in names:
-        return np.ones(len(X), dtype=bool)
-    return X[:, names.index("fp8_sites")] == 0
+    ok = np.ones(len(X), dtype=bool)
+    if not workload.gpu.has_fp8 and "fp8_sites" in names:
+        ok &= X[:, names.index("fp8_sites")] == 0
+    lacking = [i for i, f in enumerate(FORMATS) if f.block and f.rate not in workload.gpu.formats]
+    if configs is not None and workload.kind == "llm" and lacking:
+        needed = (*FP8_SITES, *(format_knob(k) for k in FP8_SITES), ERROR_REDUCTION_KNOB)
+        cols, _ = _columns(configs, {k: LLM_DEFAULTS[k] for k in needed})
+        code = _site_codes(cols, {k: _bool(cols[k]) for k in FP8_SITES})
+        for c in code.values():
+            ok &= ~np.isin(c, lacking)
+    return ok
 
 
 def featurize(workload: Workload, configs: Configs) -> np.ndarray:
@@ -308,7 +331,7 @@ def _columns(configs: Configs, defaults: Mapping[str, Any]) -> tuple[dict[str, n
 
         def column(k: str) -> np.ndarray:
             v = configs.get(k)
-            if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biuf":
+            if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biufU":
                 return v  # typed arrays hold no None
             out = np.empty(n, dtype=object)
             if v is None or isinstance(v, str | bytes) or np.ndim(v) == 0:
@@ -357,6 +380,20 @@ def _bool(c: np.ndarray) -> np.ndarray:
         [v is True or v == 1 or (isinstance(v, str) and v.lower() == "true") for v in c],
         dtype=float,
     )
+
+
+def _site_codes(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each LLM GEMM site's format code (:mod:`cubic.formats`) from its FP8 switch (``b``,
+    0/1) and its format knob; where no config names a format, the switches alone."""
+    fmts = {k: a[format_knob(k)] for k in FP8_SITES}
+    for k, f in fmts.items():
+        unset = np.equal(f, None) | (f == "bf16") if f.dtype == object else f == "bf16"
+        if f.dtype.kind in "OU" and unset.all():
+            fmts[k] = None  # every config leaves the site to its switch
+    er = None
+    if any(f is not None for f in fmts.values()):
+        er = _bool(a[ERROR_REDUCTION_KNOB]) > 0
+    return {k: site_codes(b[k] > 0, fmts[k], er)[0] for k in FP8_SITES}
 
 
 def _onehot(c: np.ndarray, name: str, choices: Sequence[str]) -> dict[str, np.ndarray]:
@@ -496,9 +533,26 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         "fp8_lm_head": V * h / m.layers,
     }
     total_w = sum(site_w.values())
-    fp8_share = sum(b[k] * w for k, w in site_w.items()) / total_w if g.has_fp8 else 0.0 * tp
+    code = _site_codes(a, b)
+    is8 = {k: (code[k] == FP8).astype(float) for k in FP8_SITES}
+    fp8_share = sum(is8[k] * w for k, w in site_w.items()) / total_w if g.has_fp8 else 0.0 * tp
     peak16, peak8 = g.peak("bf16"), g.peak("fp8")
-    compute_s = flops * ((1.0 - fp8_share) / peak16 + fp8_share / peak8)
+    blocked = {k: code[k] > FP8 for k in FP8_SITES}
+    if any(x.any() for x in blocked.values()):
+        # Block-scaled sites at their own peaks (MXFP8 and MXFP6 at the FP8 rate on
+        # Blackwell, MXFP4 and NVFP4 at twice it), MXFP4's error reduction with its overhead.
+        peak_of = np.array([g.peak(x.rate) if x.rate else peak16 for x in FORMATS])
+        peak_of[MXFP4_ER] /= 1.0 + MXFP4_ER_GEMM_OVERHEAD
+        mx_share = sum(np.where(blocked[k], w, 0.0) for k, w in site_w.items()) / total_w
+        mx_s = sum(
+            np.where(blocked[k], w / peak_of[np.maximum(code[k], BF16)], 0.0)
+            for k, w in site_w.items()
+        )
+        compute_s = flops * (
+            (1.0 - fp8_share - mx_share) / peak16 + fp8_share / peak8 + mx_s / total_w
+        )
+    else:
+        compute_s = flops * ((1.0 - fp8_share) / peak16 + fp8_share / peak8)
 
     # Bytes each GPU sends per step, by parallel dimension.
     act_bytes = 2.0 * tokens * h
@@ -566,7 +620,7 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         **{f"recompute_{r}": v for r, v in rc.items()},
         **b,
         "sequence_parallel": sp,
-        "fp8_sites": sum(b[k] for k in FP8_SITES),
+        "fp8_sites": sum(is8[k] for k in FP8_SITES),
         "log10_params": np.full(n, np.log10(m.params())),
         "log10_active_params": np.full(n, np.log10(m.active_params())),
         "layers": np.full(n, float(m.layers)),
@@ -836,7 +890,8 @@ def numerics(workload: Workload, configs: Configs) -> np.ndarray:
     model = workload.model
     if isinstance(model, LLM):
         cols, n = _columns(configs, LLM_DEFAULTS)
-        feats = {k: _bool(cols[k]) for k in FP8_SITES}
+        code = _site_codes(cols, {k: _bool(cols[k]) for k in FP8_SITES})
+        feats = {k: format_error(c) for k, c in code.items()}
     else:
         cols, n = _columns(configs, DLRM_DEFAULTS)
         prec = _onehot(cols["a2a_precision"], "a2a", A2A_PRECISIONS)

@@ -40,6 +40,23 @@ from typing import Any
 
 import numpy as np
 
+from cubic.formats import (
+    BF16,
+    BLOCK_SCALED,
+    ERROR_REDUCTION_KNOB,
+    FORMATS,
+    FP8,
+    MXFP4,
+    MXFP4_ER,
+    MXFP4_ER_GEMM_OVERHEAD,
+    NAMES,
+    UNKNOWN,
+    UNSET,
+    format_knob,
+    site_codes,
+)
+from cubic.formats import codes as format_codes
+from cubic.formats import error as format_error
 from cubic.hardware import GPU
 from cubic.pipeline import stage_layers
 from cubic.sim import collectives as coll
@@ -126,6 +143,14 @@ CE_BYTES = 56.0
 #: reads the tensor once more before it can be scaled.
 FP8_CAST_BYTES = 3.0
 FP8_AMAX_BYTES = 2.0
+#: The same per format code of :data:`cubic.formats.FORMATS` (BF16: none): the cast reads the
+#: 2-byte source and writes the element with its share of the block scale; only the formats
+#: with a per-tensor scale (FP8, NVFP4's FP32 one) need the amax pass first, since an MX
+#: block's scale comes from the block inside the cast. ``STORED_BYTES`` is what each writes per
+#: element (and what a saved GEMM input keeps).
+STORED_BYTES = np.array([0.0] + [f.stored_bytes for f in FORMATS[1:]])
+CAST_BYTES = np.where(STORED_BYTES > 0, FP8_CAST_BYTES - 1.0 + STORED_BYTES, 0.0)
+AMAX_BYTES = np.array([FP8_AMAX_BYTES * f.tensor_scale for f in FORMATS])
 #: Optimizer step bytes per locally-updated parameter (Adam: read fp32 grad, read/write fp32
 #: master, m and v, write the 2-byte weight, plus the grad-norm pass).
 OPT_STEP_BYTES = {"adam": 34.0, "adagrad": 26.0, "rowwise_adagrad": 22.0, "sgd": 22.0}
@@ -153,6 +178,10 @@ FP8_ERROR_WEIGHTS = {
     "fp8_lm_head": 0.35,
 }
 FP8_SITES = tuple(FP8_ERROR_WEIGHTS)
+#: Each site's format knob (``qkv_format``...): any format of :data:`cubic.formats.NAMES`;
+#: unset, it follows the site's FP8 switch. A site's error is its weight times its format's
+#: relative error (:data:`cubic.formats.ERROR`, FP8 per tensor = 1).
+FORMAT_KNOBS = {k: format_knob(k) for k in FP8_SITES}
 
 #: Knobs and their defaults (Megatron-Core's). ``dp`` defaults to num_gpus // (tp*pp*cp).
 DEFAULTS: dict[str, Any] = {
@@ -171,6 +200,10 @@ DEFAULTS: dict[str, Any] = {
     "fp8_mlp_in": False,
     "fp8_mlp_out": False,
     "fp8_lm_head": False,
+    # A GEMM site's format (cubic.formats.NAMES); None: FP8 where its fp8_<site> is on, else
+    # BF16. mxfp4_error_reduction: overflow-aware and macro-block scaling on MXFP4 sites.
+    **dict.fromkeys(FORMAT_KNOBS.values()),
+    ERROR_REDUCTION_KNOB: False,
     "precision": None,
     "overlap_grad_reduce": False,
     "overlap_param_gather": False,
@@ -419,7 +452,13 @@ def simulate_llm(
     * ``sequence_parallel``, ``tp_comm_overlap`` (needs sequence parallelism),
       ``overlap_grad_reduce``, ``overlap_param_gather``: Megatron-LM's switches.
     * ``fp8_qkv``, ``fp8_attn_out``, ``fp8_mlp_in``, ``fp8_mlp_out``, ``fp8_lm_head``: GEMM
-      sites run in FP8; ``precision='fp8'`` turns on all but the LM head.
+      sites run in FP8 with per-tensor scaling; ``precision='fp8'`` turns on all but the LM
+      head (and those whose format is named). ``qkv_format``, ``attn_out_format``,
+      ``mlp_in_format``, ``mlp_out_format``, ``lm_head_format`` name a site's format instead
+      (:data:`cubic.formats.NAMES`: also the block-scaled MXFP8, MXFP6, NVFP4 and MXFP4
+      where the GPU has them); unset or ``bf16``, the FP8 switch decides.
+      ``mxfp4_error_reduction`` applies overflow-aware and macro-block scaling to the MXFP4
+      sites (slower GEMMs, smaller error).
     * ``flash_attention`` (default on) and ``fp32_grads`` (default: on unless training in
       FP16) describe the software stack rather than a layout.
 
@@ -428,7 +467,9 @@ def simulate_llm(
     the pipeline ``bubble``, ``optimizer`` (which includes the fixed per-step work) and
     ``jitter``, the slowdown that grows with the number of nodes),
     tokens/s, MFU against BF16 peak, peak memory per GPU and its parts on the busiest
-    pipeline rank, and why a configuration is invalid or does not fit.
+    pipeline rank, the numerical-error score (each low-precision site's weight in
+    :data:`FP8_ERROR_WEIGHTS` times its format's relative error), and why a configuration is
+    invalid or does not fit.
     """
     model = workload.model
     if not isinstance(model, LLM):
@@ -470,13 +511,23 @@ def simulate_llm(
     ovl_p = _bool(arr["overlap_param_gather"])
     tpo = _bool(arr["tp_comm_overlap"])
     site = {k: _bool(arr[k]) for k in FP8_SITES}
-    if "precision" in arr:
+    if "precision" in arr:  # FP8 on every layer GEMM whose format the config leaves unset
         all_fp8 = arr["precision"] == "fp8"
         for k in FP8_SITES[:-1]:
-            site[k] = site[k] | all_fp8
+            named = FORMAT_KNOBS[k] in arr and all_fp8.any()
+            unset = format_codes(arr[FORMAT_KNOBS[k]]) == UNSET if named else True
+            site[k] = site[k] | (all_fp8 & unset)
+    # Each GEMM site's format code (cubic.formats): the FP8 switch, or its format knob.
+    er = _bool(arr[ERROR_REDUCTION_KNOB])
+    code, conflict = {}, {}
+    for k in FP8_SITES:
+        code[k], conflict[k] = site_codes(site[k], arr.get(FORMAT_KNOBS[k]), er)
     any_fp8 = np.zeros(n, dtype=bool)
     for k in FP8_SITES:
-        any_fp8 |= site[k]
+        any_fp8 |= code[k] == FP8
+    err = np.zeros(n)
+    for k, w in FP8_ERROR_WEIGHTS.items():
+        err = err + w * format_error(code[k])
 
     # --- validity ---------------------------------------------------------------------------
     L, h, a, kvh = model.layers, model.hidden, model.heads, model.kv_heads
@@ -561,6 +612,7 @@ def simulate_llm(
             (np.full(n, gpu.name, dtype=object),),
         )
     )
+    checks.extend(_format_checks(gpu, code, conflict, arr))
     checks.append((tpo & (t > 1) & ~sp, "invalid: tp_comm_overlap needs sequence_parallel", ()))
     checks.append((fsdp < 0, "invalid: fsdp must be 'none', 'full' or 'hybrid'", ()))
     shard_default = np.maximum(np.floor(gpn / np.maximum(t, 1.0)), 1.0)
@@ -591,6 +643,7 @@ def simulate_llm(
     z = np.where(fs, 0.0, z)
     S = np.where(fs, S, 1.0)
     rc = np.where(valid, rc, 0)
+    code = {k: np.where(valid, c, BF16) for k, c in code.items()}
     m = gb / (b * d)
     sp = sp & (t > 1)
     tpo = tpo & sp
@@ -600,7 +653,6 @@ def simulate_llm(
     elem = 4.0 if prec == "fp32" else 2.0
     base_prec = "fp32" if prec == "fp32" else ("fp16" if prec == "fp16" else "bf16")
     peak16 = gpu.peak(base_prec) * one
-    peak8 = gpu.peak("fp8") * one
     peak_bf16 = gpu.peak("bf16")
     hbm = gpu.hbm_gbs * 1e9 * ELEM_BW_EFF
     s, f, V = float(model.seq_len), float(model.ffn), float(model.vocab)
@@ -614,28 +666,37 @@ def simulate_llm(
     n_exp_local = np.where(moe, E / ep, 1.0)
 
     eff16 = GEMM_EFF_MAX * (HOPPER_BF16_EFF if gpu.has_fp8 else 1.0)
+    # Peak per format code: BF16 sites run at the training precision's, the others at their
+    # own (MXFP8 and MXFP6 at the FP8 rate on Blackwell, MXFP4 and NVFP4 at twice it).
+    peak_of = np.array([gpu.peak(f.rate) if f.rate else 0.0 for f in FORMATS])
+    any_er = any(bool((c == MXFP4_ER).any()) for c in code.values())
 
-    def gemm(flops, fp8, per_call=1.0):
+    def gemm(flops, fmt, per_call=1.0):
         """Seconds for GEMM FLOPs issued as ``per_call`` equal GEMMs (one per local expert).
 
-        An FP8 GEMM runs at FP8 peak times its own saturating efficiency, which needs a
-        larger GEMM (``FP8_T_HALF_SCALE``) to approach its ceiling."""
-        pk = np.where(fp8, peak8, peak16)
-        eff_max = np.where(fp8, eff16 * FP8_GEMM_EFF, eff16)
-        half = np.where(fp8, GEMM_T_HALF * FP8_T_HALF_SCALE, GEMM_T_HALF)
-        return flops / (pk * gemm_efficiency(flops / (per_call * pk), eff_max, half))
+        A GEMM narrower than 16 bits (``fmt``: format codes) runs at its format's peak times
+        its own saturating efficiency, which needs a larger GEMM (``FP8_T_HALF_SCALE``) to
+        approach its ceiling; MXFP4 with error reduction pays its GEMM overhead on top."""
+        low = fmt != BF16
+        pk = np.where(low, peak_of[fmt], peak16)
+        eff_max = np.where(low, eff16 * FP8_GEMM_EFF, eff16)
+        half = np.where(low, GEMM_T_HALF * FP8_T_HALF_SCALE, GEMM_T_HALF)
+        sec = flops / (pk * gemm_efficiency(flops / (per_call * pk), eff_max, half))
+        if any_er:
+            sec = sec * np.where(fmt == MXFP4_ER, 1.0 + MXFP4_ER_GEMM_OVERHEAD, 1.0)
+        return sec
 
     # Forward GEMMs of one layer (per micro-batch, per GPU).
     fl = layer_flops(model, T, t, flash)
     f_attn = fl["attn"]
     f_lm = lm_head_flops(model, T, t)
 
-    t_qkv = gemm(fl["qkv"], site["fp8_qkv"])
-    t_out = gemm(fl["attn_out"], site["fp8_attn_out"])
-    t_in = gemm(fl["mlp_in"], site["fp8_mlp_in"], n_exp_local)
-    t_mo = gemm(fl["mlp_out"], site["fp8_mlp_out"], n_exp_local)
-    t_router = gemm(fl["router"], np.zeros(n, dtype=bool)) if moe else 0.0
-    t_lm = gemm(f_lm, site["fp8_lm_head"])
+    t_qkv = gemm(fl["qkv"], code["fp8_qkv"])
+    t_out = gemm(fl["attn_out"], code["fp8_attn_out"])
+    t_in = gemm(fl["mlp_in"], code["fp8_mlp_in"], n_exp_local)
+    t_mo = gemm(fl["mlp_out"], code["fp8_mlp_out"], n_exp_local)
+    t_router = gemm(fl["router"], np.zeros(n, dtype=np.int8)) if moe else 0.0
+    t_lm = gemm(f_lm, code["fp8_lm_head"])
     gemm_fwd = t_qkv + t_out + t_in + t_mo + t_router
     # Attention core: a fused flash kernel, or two batched GEMMs plus a softmax.
     attn_flash = f_attn / (peak16 * gemm_efficiency(f_attn / peak16, FLASH_EFF))
@@ -655,33 +716,44 @@ def simulate_llm(
     # FP8 casts: every FP8 GEMM input (activations forward, output gradients backward) is
     # read for its amax, then read and written as FP8; the weights are cast (and transposed
     # for the backward) once per micro-batch. Attention, norms, embeddings and the LM head
-    # (unless fp8_lm_head) stay in BF16.
+    # (unless fp8_lm_head) stay in BF16. Elements per token of each site's inputs: forward
+    # activation, backward output gradient, and the weight's per micro-batch.
+    layer_sites = FP8_SITES[:-1]
+    x_in = dict(zip(layer_sites, (h, h / t, h, f * topk / t), strict=True))
+    x_grad = dict(
+        zip(layer_sites, (h / t + 2 * kvd_t, h, f * (mats - 1) * topk / t, h), strict=True)
+    )
+    x_w = dict(
+        zip(
+            layer_sites,
+            (h * (h / t + 2 * kvd_t), h * h / t, h * f * (mats - 1) * topk / t, f * h * topk / t),
+            strict=True,
+        )
+    )
+    is8 = {k: code[k] == FP8 for k in FP8_SITES}
     act_cast = FP8_CAST_BYTES + FP8_AMAX_BYTES
-    w_cast = FP8_CAST_BYTES * (
-        site["fp8_qkv"] * h * (h / t + 2 * kvd_t)
-        + site["fp8_attn_out"] * h * h / t
-        + site["fp8_mlp_in"] * h * f * (mats - 1) * topk / t
-        + site["fp8_mlp_out"] * f * h * topk / t
-    )
-    cast_in = T * (
-        site["fp8_qkv"] * h
-        + site["fp8_attn_out"] * h / t
-        + site["fp8_mlp_in"] * h
-        + site["fp8_mlp_out"] * f * topk / t
-    )
+    w_cast = FP8_CAST_BYTES * sum(is8[k] * x_w[k] for k in layer_sites)
+    cast_in = T * sum(is8[k] * x_in[k] for k in layer_sites)
     cast_fwd = act_cast * cast_in + w_cast
     cast_bwd = (
-        act_cast
-        * T
-        * (
-            site["fp8_qkv"] * (h / t + 2 * kvd_t)
-            + site["fp8_attn_out"] * h
-            + site["fp8_mlp_in"] * f * (mats - 1) * topk / t
-            + site["fp8_mlp_out"] * h
-        )
+        act_cast * T * sum(is8[k] * x_grad[k] for k in layer_sites)
         + FP8_CAST_BYTES * cast_in / 3.0
         + w_cast / 3.0
     )
+    # Block-scaled sites: the same passes at their own bytes per element (an MX tensor's
+    # transposed copy is quantised afresh along the other axis: its stored bytes).
+    blocked = {k: code[k] > FP8 for k in FP8_SITES}
+    any_blocked = any(bool(x.any()) for x in blocked.values())
+    if any_blocked:
+        cb = {k: np.where(blocked[k], CAST_BYTES[code[k]], 0.0) for k in FP8_SITES}
+        ab = {k: cb[k] + np.where(blocked[k], AMAX_BYTES[code[k]], 0.0) for k in FP8_SITES}
+        sb = {k: np.where(blocked[k], STORED_BYTES[code[k]], 0.0) for k in FP8_SITES}
+        mx_w = sum(cb[k] * x_w[k] for k in layer_sites)
+        mx_wt = sum(sb[k] * x_w[k] for k in layer_sites)
+        cast_fwd = cast_fwd + T * sum(ab[k] * x_in[k] for k in layer_sites) + mx_w
+        cast_bwd = cast_bwd + (
+            T * sum(ab[k] * x_grad[k] + sb[k] * x_in[k] for k in layer_sites) + mx_wt
+        )
     ew_fwd = (ew_fwd_bytes + cast_fwd) / hbm
     ew_bwd = (ELEM_BWD * ew_fwd_bytes + cast_bwd) / hbm
 
@@ -690,7 +762,9 @@ def simulate_llm(
     layer_rc = np.where(rc == 2, layer_fwd, np.where(rc == 1, attn_fwd, 0.0))
 
     # LM head and cross entropy (last stage); embedding look-up (first stage).
-    lm_cast = FP8_CAST_BYTES * T * h * site["fp8_lm_head"] * 2.0
+    lm_cast = FP8_CAST_BYTES * T * h * is8["fp8_lm_head"] * 2.0
+    if any_blocked:
+        lm_cast = lm_cast + cb["fp8_lm_head"] * T * h * 2.0
     ce = CE_BYTES * T * V / t
     head_fwd = t_lm + (0.75 * ce + lm_cast / 2.0 + elem * T * h * 3.0 / h_split) / hbm
     head_bwd = 2.0 * t_lm + (0.25 * ce + lm_cast / 2.0) / hbm
@@ -860,10 +934,17 @@ def simulate_llm(
     w_m, g_m, o_m = fsdp_state(p_mid, *model_state(p_mid - exp_m, exp_m))
     w_l, g_l, o_l = fsdp_state(p_last, *model_state(p_last - exp_l, exp_l))
     fp8_saved = T * 0.0 + (
-        site["fp8_qkv"] * h / h_split
-        + site["fp8_mlp_in"] * h / h_split
-        + site["fp8_mlp_out"] * f * topk / t
+        is8["fp8_qkv"] * h / h_split
+        + is8["fp8_mlp_in"] * h / h_split
+        + is8["fp8_mlp_out"] * f * topk / t
     ) * (elem / 2.0)
+    if any_blocked:  # a block-scaled input kept for backward: its stored bytes, not 2
+        sv = {k: np.where(blocked[k], 2.0 - STORED_BYTES[code[k]], 0.0) for k in FP8_SITES}
+        fp8_saved = fp8_saved + (
+            sv["fp8_qkv"] * h / h_split
+            + sv["fp8_mlp_in"] * h / h_split
+            + sv["fp8_mlp_out"] * f * topk / t
+        ) * (elem / 2.0)
     per_layer = activation_bytes_per_layer(model, T, t, sp, rc, flash, elem, fp8_saved)
     layer_full = activation_bytes_per_layer(model, T, t, sp, 0, flash, elem, fp8_saved)
     # Rank r keeps p - r micro-batches in 1F1B, and 2(p - r - 1) + (v - 1) p + 1 model
@@ -935,9 +1016,6 @@ def simulate_llm(
     tokens = gb * s
     throughput = np.where(valid, tokens / step, 0.0)
     mfu = np.where(valid, tokens * model.flops_per_token() / (step * ngpu * peak_bf16), 0.0)
-    err = np.zeros(n)
-    for k, w in FP8_ERROR_WEIGHTS.items():
-        err = err + w * site[k]
     return SimResult(
         kind="llm",
         step_time=step,
@@ -952,6 +1030,34 @@ def simulate_llm(
         breakdown={k: np.where(valid, x * one, 0.0) for k, x in breakdown.items()},
         memory=memory,
     )
+
+
+def _format_checks(
+    gpu: GPU, code: Mapping[str, np.ndarray], conflict: Mapping[str, np.ndarray], arr: Mapping
+) -> list[tuple[np.ndarray, str, tuple]]:
+    """Why a GEMM site's format cannot run: a name that is no format, a format knob that
+    contradicts the site's FP8 switch, or a block-scaled format the GPU's tensor cores lack."""
+    checks: list[tuple[np.ndarray, str, tuple]] = []
+    has = ", ".join(("bf16", *gpu.formats))
+    lacking = [NAMES.index(f) for f in BLOCK_SCALED if f not in gpu.formats]
+    if MXFP4 in lacking:
+        lacking.append(MXFP4_ER)
+    for k in FP8_SITES:
+        knob, c = FORMAT_KNOBS[k], code[k]
+        checks.append((c == UNKNOWN, f"invalid: {knob} must be one of {', '.join(NAMES)}", ()))
+        if knob in arr and conflict[k].any():
+            msg = f"invalid: {k} (FP8 with per-tensor scaling) contradicts {knob}=%s"
+            checks.append((conflict[k], msg, (arr[knob],)))
+        if not lacking or not np.isin(c, lacking).any():
+            continue
+        for name in BLOCK_SCALED:
+            i = NAMES.index(name)
+            if i not in lacking:
+                continue
+            bad = (c == i) | (c == MXFP4_ER) if i == MXFP4 else c == i
+            msg = f"invalid: {knob}={name} needs {name.upper()} tensor cores; {gpu.name} has {has}"
+            checks.append((bad, msg, ()))
+    return checks
 
 
 def _stage_layers(
@@ -1045,6 +1151,7 @@ def bench_llm(n: int = 200_000, seed: int = 0) -> float:
 
 __all__ = [
     "DEFAULTS",
+    "FORMAT_KNOBS",
     "FP8_ERROR_WEIGHTS",
     "FP8_SITES",
     "activation_bytes_per_layer",

@@ -170,7 +170,8 @@ class Strategy(ABC):
             return proposals
         rng = self.rng(history)
         space = self.study.space
-        params = list(space.parameters)
+        fixed = space.fixed(self.context)
+        params = [p for p in space.parameters if p.name not in fixed]
         for attempt in range(60 * n):
             if len(proposals) >= n:
                 break

@@ -3,12 +3,13 @@
 On the largest models nine configs in ten of a full space run out of memory, and a search
 that draws candidates blindly spends its trials finding that out. So candidates are drawn
 from the configs that (a) obey the space's rules, (b) use only what the GPU has (no FP8
-GEMM on a GPU without FP8) and (c) fit in memory by the arithmetic estimate, with some
-slack so that a per-study correction (:class:`cubic.proxy.memory.MemoryModel`) can move
-the line either way. However rare they are: a finite space is enumerated outright (its
-vectorised enumeration and features make 10^6 configs a second or two), and any other is
-sampled in growing batches. The result depends only on the workload, the space and the
-limit, so it is built once per study and shared (bounded cache).
+GEMM on a GPU without FP8, no block-scaled format it lacks) and (c) fit in memory by the
+arithmetic estimate, with some slack so that a per-study correction
+(:class:`cubic.proxy.memory.MemoryModel`) can move the line either way. However rare they
+are: a finite space is enumerated outright (its vectorised enumeration and features make
+10^6 configs a second or two), and any other is sampled in growing batches. The result
+depends only on the workload, the space and the limit, so it is built once per study and
+shared (bounded cache).
 """
 
 from __future__ import annotations
@@ -69,10 +70,14 @@ class Candidates:
         )
 
 
-def grid_product(space: Space) -> float:
-    """An upper bound on a finite space's size (inf for a continuous one)."""
+def grid_product(space: Space, context: dict[str, Any] | None = None) -> float:
+    """An upper bound on a finite space's size (inf for a continuous one); with a
+    ``context``, a parameter the workload rules out (:meth:`Space.fixed`) counts once."""
+    fixed = space.fixed(context) if context is not None else {}
     total = 1.0
     for p in space.parameters:
+        if p.name in fixed:
+            continue
         if not p.is_finite:
             return math.inf
         total *= len(p.grid())
@@ -154,7 +159,7 @@ def survey(
     minima: dict[str, dict[Any, float]] = {
         p.name: {} for p in space.parameters if p.is_finite and len(p.grid()) <= 64
     }
-    exhaustive = grid_product(space) <= ENUMERATE_LIMIT
+    exhaustive = grid_product(space, ctx) <= ENUMERATE_LIMIT
     known = knows_knobs(workload.kind, space.names)
 
     def consider(arrays: dict[str, np.ndarray]) -> None:
@@ -164,7 +169,7 @@ def survey(
             return
         examined += n
         X = featurize(workload, arrays)
-        hw = hardware_ok(workload, X)
+        hw = hardware_ok(workload, X, arrays)
         est = estimate_ratio(workload.kind, X) if known else np.zeros(n)
         est = np.where(hw, est, np.inf)
         on_hw += int(hw.sum())

@@ -703,10 +703,11 @@ class CubicStrategy(Strategy):
         rows = rng.integers(0, len(elites), m)
         # Object columns: a fixed-width string array would truncate a longer choice.
         raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items() if k in space.names}
+        fixed = space.fixed(self.context)
         finite = [
             (p, grid)
             for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
-            if isinstance(grid, list) and len(grid) > 1
+            if isinstance(grid, list) and len(grid) > 1 and p.name not in fixed
         ]
         if not finite:
             return {}

@@ -74,7 +74,10 @@ class OptunaStrategy(Strategy):
         return out
 
     def _distributions(self) -> dict[str, BaseDistribution]:
-        return self.study.space.optuna_distributions()
+        """Every knob the sampler may move: a knob the workload rules out (an FP8 site on an
+        A100, a block-scaled format on an H100) holds its default and is not asked for."""
+        fixed = self.study.space.fixed(self.context)
+        return {k: d for k, d in self.study.space.optuna_distributions().items() if k not in fixed}
 
     def _frozen(
         self, history: Sequence[Trial], dists: dict[str, BaseDistribution]

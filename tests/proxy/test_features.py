@@ -295,6 +295,29 @@ def test_numerics_are_the_reduced_precision_sites() -> None:
         numerics_names("cnn")
 
 
+def test_a_sites_format_sets_its_roofline_and_its_error_column() -> None:
+    """On a B200 a GEMM site's format moves the roofline to its format's peak and its
+    numerics column to its relative error; ``mlp_in_format: fp8`` is the FP8 switch."""
+    from cubic.proxy.features import numerics
+
+    wl = replace(TINY_LLM, cluster=Cluster("b200", 8, 8))
+    rows = [
+        {},
+        {"fp8_mlp_in": True},
+        {"mlp_in_format": "fp8"},
+        {"mlp_in_format": "mxfp8"},
+        {"mlp_in_format": "mxfp4"},
+        {"mlp_in_format": "mxfp4", "mxfp4_error_reduction": True},
+    ]
+    X = featurize(wl, rows)
+    names = feature_names("llm")
+    roof = X[:, names.index(OFFSET)]
+    assert roof[0] < roof[1] == roof[2] == roof[3] < roof[5] < roof[4]
+    assert X[:, names.index("fp8_sites")].tolist() == [0, 1, 1, 0, 0, 0]
+    col = numerics(wl, rows)[:, 2]  # fp8_mlp_in's column: the site's error
+    assert col.tolist() == pytest.approx([0.0, 1.0, 1.0, 1.0, 6.0, 4.4])
+
+
 def _memory(wl: Workload, configs: list[dict]) -> np.ndarray:
     return featurize(wl, configs)[:, feature_names("llm").index("memory_ratio")]
 

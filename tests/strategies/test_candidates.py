@@ -65,6 +65,24 @@ def test_a_space_that_offers_fp8_on_a100_yields_no_fp8_candidate(tmp_path: Path)
     assert hardware_ok(study.workload, base.X).all()
 
 
+def test_a_space_that_offers_mx_formats_on_h100_yields_no_mx_candidate(tmp_path: Path) -> None:
+    """A user's space whose format knobs lack the hardware condition: on an H100 cubic
+    rules the block-scaled formats out, as it rules FP8 out on an A100."""
+    doc = yaml.safe_load(Path(LLM_SPACE).read_text())
+    params = doc["parameters"]
+    for name in list(params):
+        if name.endswith("_format") or name == "mxfp4_error_reduction":
+            params[name] = {k: v for k, v in params[name].items() if k not in ("when", "default")}
+    doc["constraints"] = [c for c in doc["constraints"] if "has_mx" not in str(c)]
+    path = tmp_path / "ungated.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    study = _study("h100_sxm", 64, preset="llama3_8b", space=str(path)).resolve()
+    s = survey(study.workload, study.space, limit=0.95)
+    assert len(s.candidates) > 0 and s.on_hardware < s.valid
+    formats = [k for k in study.space.names if k.endswith("_format")]
+    assert all(c[k] == "bf16" for c in s.candidates.configs for k in formats)
+
+
 def test_a_space_with_no_config_that_fits_is_refused_with_the_smallest_estimate(
     store: Store,
 ) -> None:

@@ -34,6 +34,18 @@ def test_inactive_conditional_knobs_do_not_hide_trials_from_the_sampler() -> Non
     assert len(frozen) == len(history)
 
 
+def test_knobs_the_hardware_rules_out_are_not_asked_of_the_sampler() -> None:
+    """On an H100 the block-scaled format knobs hold their defaults: the sampler models and
+    draws only the knobs that can move there, and its proposals keep the defaults."""
+    resolved = _bench("llama3_8b_h100x16", "tpe")
+    strategy = make_strategy(resolved)
+    fixed = resolved.space.fixed(resolved.context)
+    assert "mlp_in_format" in fixed and "fp8_mlp_in" not in fixed
+    assert set(strategy._distributions()) == set(resolved.space.names) - set(fixed)
+    for p in strategy.suggest([], 4):
+        assert all(p.params[k] == v for k, v in fixed.items())
+
+
 def _bench(name: str, strategy: str):
     spec, base = load_spec(ROOT / "search_spaces" / "bench" / f"{name}.study.yaml")
     spec = spec.model_copy(
