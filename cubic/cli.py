@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cubic.errors import CubicError, InvalidInput
+from cubic.pruning import PROGRESS_REPORT_S
 from cubic.retry import DEFAULT_OUTAGE_S
 
 app = typer.Typer(
@@ -773,6 +774,12 @@ def worker(
     parallel: Annotated[int, typer.Option(min=1, help="trials in flight")] = 1,
     worker_id: Annotated[str | None, typer.Option(help="stable id (default host-pid)")] = None,
     lease_seconds: Annotated[float, typer.Option(min=1)] = 300.0,
+    progress_s: Annotated[
+        float,
+        typer.Option(
+            min=0, help="least seconds between two progress reports of a job (pruning studies)"
+        ),
+    ] = PROGRESS_REPORT_S,
     max_trials: Annotated[int | None, typer.Option(help="stop after this many")] = None,
     seed: Annotated[int, typer.Option(help="seed of the simulated noise")] = 0,
     time_scale: Annotated[float, typer.Option(help="simulated seconds per step")] = 0.0,
@@ -823,6 +830,7 @@ def worker(
                 "worker_id": worker_id,
                 "parallel": parallel,
                 "lease_seconds": lease_seconds,
+                "progress_s": progress_s,
                 "outbox": outbox,
             }
             if study is None:

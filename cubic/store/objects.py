@@ -24,6 +24,7 @@ class TrialState(StrEnum):
     PRUNED = "pruned"
 
     FINISHED: ClassVar[frozenset[TrialState]]
+    MEASURED: ClassVar[frozenset[TrialState]]
 
     @property
     def is_finished(self) -> bool:
@@ -34,6 +35,9 @@ class TrialState(StrEnum):
 TrialState.FINISHED = frozenset(
     {TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED, TrialState.PRUNED}
 )
+TrialState.MEASURED = frozenset({TrialState.COMPLETE, TrialState.PRUNED})
+"""States whose metrics measure how fast the config ran: a pruned trial was stopped early, but
+the throughput it measured until then is data (it says the config is slow)."""
 
 
 class StudyState(StrEnum):

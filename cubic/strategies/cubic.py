@@ -484,7 +484,7 @@ class CubicStrategy(Strategy):
         spec = self.study.spec
         if t.state == TrialState.INFEASIBLE:
             return None, False
-        if t.state != TrialState.COMPLETE or not t.metrics:
+        if t.state not in TrialState.MEASURED or not t.metrics:  # pruned: a partial measure
             return None, True
         if len(spec.objectives) > 1:
             return self._throughput_value(t)
@@ -522,7 +522,7 @@ class CubicStrategy(Strategy):
         rows = [
             (t.params, *self._value(t))
             for t in history
-            if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)
+            if t.state in TrialState.MEASURED or t.state == TrialState.INFEASIBLE
         ]
         rows = [(p, v, f) for p, v, f in rows if v is not None or not f]
         if rows:
@@ -546,7 +546,7 @@ class CubicStrategy(Strategy):
                     ps.append(t.params)
                     vs.append(np.nan)
                     fs.append(False)
-                elif t.state == TrialState.COMPLETE and t.metrics:
+                elif t.state in TrialState.MEASURED and t.metrics:
                     v = t.metrics.get("throughput")
                     if isinstance(v, int | float) and v > 0:
                         ps.append(t.params)
@@ -564,7 +564,7 @@ class CubicStrategy(Strategy):
 
     def _fit(self, history: Sequence[Trial]) -> ProxyModel | None:
         """The proxy for this round: refitted once ``refit_every`` new trials have finished."""
-        n_done = sum(1 for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE))
+        n_done = sum(1 for t in history if t.state.is_finished and t.state != TrialState.FAILED)
         if self._model is not None and n_done - self._model[0] < self.refit_every:
             return self._model[1]
         model = self._fit_now(history)
