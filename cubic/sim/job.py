@@ -85,18 +85,21 @@ class SimulatedJob:
         if self.times is None:
             return {}
         p = self.progress(k)
+        full = self.outcome.metrics
         out: dict[str, Any] = {
             "gpu_hours": float(self.times[:k].sum()) * self.num_gpus / 3600.0,
             "steps": p.steps,
             "timed_steps": p.timed_steps,
         }
+        if k > 0:  # known once the job has run a step
+            out.update({m: full[m] for m in ("peak_memory_gb", "error_score") if m in full})
         if p.throughput is not None and p.step_time_s is not None:
-            full = self.outcome.metrics
             out["throughput"] = p.throughput
             out["step_time_s"] = p.step_time_s
             for unit in ("tokens_per_s", "samples_per_s"):
                 if unit in full:
                     out[unit] = p.throughput
+            out["mfu"] = full["mfu"] * p.throughput / full["throughput"]
             out["cost"] = cost_per_million(p.throughput, self.num_gpus)
         return out
 

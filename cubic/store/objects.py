@@ -25,6 +25,7 @@ class TrialState(StrEnum):
 
     FINISHED: ClassVar[frozenset[TrialState]]
     MEASURED: ClassVar[frozenset[TrialState]]
+    LEARNED: ClassVar[frozenset[TrialState]]
 
     @property
     def is_finished(self) -> bool:
@@ -38,6 +39,9 @@ TrialState.FINISHED = frozenset(
 TrialState.MEASURED = frozenset({TrialState.COMPLETE, TrialState.PRUNED})
 """States whose metrics measure how fast the config ran: a pruned trial was stopped early, but
 the throughput it measured until then is data (it says the config is slow)."""
+TrialState.LEARNED = TrialState.MEASURED | {TrialState.INFEASIBLE}
+"""Finished trials a search learns from: how fast a config ran, or that it cannot run (a
+failed trial says nothing about its config)."""
 
 
 class StudyState(StrEnum):

@@ -136,7 +136,7 @@ class Strategy(ABC):
 
         Random top-ups use it to skip regions already known to run out of memory.
         """
-        done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        done = [t for t in history if t.state in TrialState.LEARNED]
         bad = np.asarray([t.state == TrialState.INFEASIBLE for t in done])
         if not bad.any():
             return lambda cfg: False
