@@ -905,6 +905,37 @@ def bench_search_cmd(
     )
 
 
+@bench_app.command("pruning")
+def bench_pruning_cmd(
+    studies: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--studies",
+            help="study files (default: search_spaces/llama3_8b_pruning.study.yaml); their "
+            "pruning: section, else its defaults",
+        ),
+    ] = None,
+    strategies: Annotated[
+        str | None, typer.Option(help="comma-separated strategy names (default: the study's)")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="seeds: 0-4 or 0,2,7")] = "0-4",
+    workers: Annotated[int, typer.Option(min=1, help="parallel workers")] = 8,
+    budget: Annotated[int, typer.Option(min=1, help="trials per run")] = 64,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
+) -> None:
+    """GPU-hours spent and saved by stopping slow trials early: each study, strategy and
+    seed searched without and with pruning on the simulated cluster."""
+    from cubic.bench.pruning import bench_pruning
+
+    result = bench_pruning(
+        studies, strategies, seeds, workers=workers, budget=budget, console=console
+    )
+    console.print(result.table())
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        console.print(f"results: {json_out}")
+
+
 @bench_app.command("proposal")
 def bench_proposal_cmd(
     history: Annotated[int, typer.Option(min=10, help="finished trials in the history")] = 10_000,

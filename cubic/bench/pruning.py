@@ -9,11 +9,11 @@ complete trials finished by then, and a trial it stops frees its worker at once 
 only the steps it ran. Without pruning the replay is exactly ``simulate_search``'s.
 
 What it reports per run: the GPU-hours of every job (the steps each ran, as the jobs report
-them), the best config found (its true value over the space's optimum), and the GPU-hours
-spent until the incumbent first reached the best that the run without pruning found (in the
-order trials finished): the cost of equal best-found. Saved is one minus the ratio of the
-two, with against without pruning; a run with pruning that never reaches that best saves
-nothing.
+them) and the best config found (its true value over the space's optimum), without and with
+pruning, and the share of GPU-hours pruning saved over the whole budget; and, at equal
+best-found, the GPU-hours each run spent until its incumbent first reached the best that the
+run without pruning found (in the order trials finished), and the share saved there (none
+when the run with pruning never reached it).
 """
 
 from __future__ import annotations
@@ -209,18 +209,29 @@ class PruningRun:
 
     @property
     def saved(self) -> float:
-        """Share of the GPU-hours to reach the best found without pruning that pruning saved."""
-        if self.hours_to_best_on is None or self.hours_to_best_off <= 0:
-            return 0.0
-        return 1.0 - self.hours_to_best_on / self.hours_to_best_off
-
-    @property
-    def saved_total(self) -> float:
         """Share of the whole budget's GPU-hours that pruning saved."""
         return 1.0 - self.gpu_hours_on / self.gpu_hours_off if self.gpu_hours_off > 0 else 0.0
 
+    @property
+    def saved_to_best(self) -> float | None:
+        """Share of the GPU-hours to reach the best found without pruning that pruning saved
+        (None: with pruning that best was never reached)."""
+        if self.hours_to_best_on is None or self.hours_to_best_off <= 0:
+            return None
+        return 1.0 - self.hours_to_best_on / self.hours_to_best_off
+
+    @property
+    def same_best(self) -> bool:
+        """Whether the run with pruning found a config as good as the run without."""
+        return self.best_ratio_on >= self.best_ratio_off - 1e-9
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "saved": self.saved, "saved_total": self.saved_total}
+        return {
+            **asdict(self),
+            "saved": self.saved,
+            "saved_to_best": self.saved_to_best,
+            "same_best": self.same_best,
+        }
 
 
 def _ratios(study: ResolvedStudy, info: StudyInfo, trials: Sequence[Trial]) -> np.ndarray:
@@ -295,8 +306,9 @@ class PruningBench:
                     "hours_to_best_off": float(np.median([r.hours_to_best_off for r in runs])),
                     "hours_to_best_on": _median_or_none([r.hours_to_best_on for r in runs]),
                     "reached": sum(r.hours_to_best_on is not None for r in runs),
+                    "same_best": sum(r.same_best for r in runs),
                     "saved": float(np.median([r.saved for r in runs])),
-                    "saved_total": float(np.median([r.saved_total for r in runs])),
+                    "saved_to_best": float(np.median([r.saved_to_best or 0.0 for r in runs])),
                     "best_ratio_off": float(np.median([r.best_ratio_off for r in runs])),
                     "best_ratio_on": float(np.median([r.best_ratio_on for r in runs])),
                 }
@@ -314,13 +326,15 @@ class PruningBench:
         from rich.table import Table
 
         t = Table(
-            title=f"pruning: GPU-hours without / with, median over {len(self.settings['seeds'])} "
-            f"seeds, {self.settings['workers']} workers, {self.settings['budget']} trials",
-            caption="to best: GPU-hours until the incumbent reached the best found without "
-            "pruning (reached: runs with pruning that got there); saved: at equal best-found "
-            "(and over the whole budget); best: true value / optimum without and with",
+            title=f"pruning: without / with, median over {len(self.settings['seeds'])} seeds, "
+            f"{self.settings['workers']} workers, {self.settings['budget']} trials",
+            caption="GPU-hours: the whole budget's; best: true value / optimum (same: runs "
+            "with pruning that found as good a config); to best: GPU-hours until the "
+            "incumbent reached the best found without pruning (reached: runs with pruning "
+            "that got there, a run that did not saves nothing there)",
         )
-        for col in ("study", "strategy", "pruned", "total", "to best", "saved", "best"):
+        cols = ("study", "strategy", "pruned", "GPU-hours", "saved", "best", "same", "to best")
+        for col in (*cols, "saved there"):
             t.add_column(col, justify="left" if col in ("study", "strategy") else "right")
         for row in self.summary():
             on = row["hours_to_best_on"]
@@ -328,12 +342,14 @@ class PruningBench:
                 row["study"],
                 row["strategy"],
                 f"{row['pruned']:.0%}",
-                f"{row['gpu_hours_off']:,.2f} / {row['gpu_hours_on']:,.2f}",
-                f"{row['hours_to_best_off']:,.2f} / "
-                + ("-" if on is None else f"{on:,.2f}")
-                + f" ({row['reached']}/{row['runs']})",
-                f"{row['saved']:.0%} ({row['saved_total']:.0%})",
+                f"{row['gpu_hours_off']:,.1f} / {row['gpu_hours_on']:,.1f}",
+                f"{row['saved']:.0%}",
                 f"{row['best_ratio_off']:.3f} / {row['best_ratio_on']:.3f}",
+                f"{row['same_best']}/{row['runs']}",
+                f"{row['hours_to_best_off']:,.1f} / "
+                + ("-" if on is None else f"{on:,.1f}")
+                + f" ({row['reached']}/{row['runs']})",
+                f"{row['saved_to_best']:.0%}",
             )
         return t
 
@@ -378,6 +394,7 @@ def bench_pruning(
                 if console is not None:
                     console.print(
                         f"{run.study} {run.strategy} seed {seed}: {run.pruned} of "
-                        f"{run.trials} pruned, saved {run.saved:.0%} at equal best-found"
+                        f"{run.trials} trials pruned, {run.saved:.0%} of the GPU-hours saved, "
+                        f"best {run.best_ratio_off:.3f} without, {run.best_ratio_on:.3f} with"
                     )
     return result
