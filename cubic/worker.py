@@ -263,6 +263,7 @@ class Worker:
         now = time.monotonic()
         if now < a.next_progress:
             return None
+        a.next_progress = now + self.progress_s  # a file on a shared file system, say
         try:
             progress = self.runner.progress(a.handle)
         except Exception as exc:  # progress is advice: the job goes on
@@ -270,7 +271,6 @@ class Worker:
             return None
         if progress is None or progress.steps <= a.sent_steps:
             return None
-        a.next_progress = now + self.progress_s
         try:
             answer = self.client.heartbeat(
                 tid, a.lease["lease_token"], self.lease_seconds, progress=progress.to_dict()

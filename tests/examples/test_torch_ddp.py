@@ -206,3 +206,8 @@ def test_a_slow_real_trial_is_pruned_through_the_local_runner(
     assert m["pruned_bound"] < m["pruned_limit"]
     assert m["pruned_best"] == pytest.approx(fast["metrics"]["tokens_per_s"])
     assert slow["error"].startswith("pruned (threshold)") and "95% confidence" in slow["error"]
+    print(
+        f"baseline {fast['metrics']['tokens_per_s']:,.0f} tokens/s; the slow config pruned "
+        f"after {m['timed_steps']} of {STEPS - 2} timed steps at {m['tokens_per_s']:,.0f} "
+        f"tokens/s (at most {m['pruned_bound']:,.0f})"
+    )
