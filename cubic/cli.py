@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cubic.errors import CubicError, InvalidInput
+from cubic.pruning import PROGRESS_REPORT_S
 from cubic.retry import DEFAULT_OUTAGE_S
 
 app = typer.Typer(
@@ -773,6 +774,12 @@ def worker(
     parallel: Annotated[int, typer.Option(min=1, help="trials in flight")] = 1,
     worker_id: Annotated[str | None, typer.Option(help="stable id (default host-pid)")] = None,
     lease_seconds: Annotated[float, typer.Option(min=1)] = 300.0,
+    progress_s: Annotated[
+        float,
+        typer.Option(
+            min=0, help="least seconds between two progress reports of a job (pruning studies)"
+        ),
+    ] = PROGRESS_REPORT_S,
     max_trials: Annotated[int | None, typer.Option(help="stop after this many")] = None,
     seed: Annotated[int, typer.Option(help="seed of the simulated noise")] = 0,
     time_scale: Annotated[float, typer.Option(help="simulated seconds per step")] = 0.0,
@@ -823,6 +830,7 @@ def worker(
                 "worker_id": worker_id,
                 "parallel": parallel,
                 "lease_seconds": lease_seconds,
+                "progress_s": progress_s,
                 "outbox": outbox,
             }
             if study is None:
@@ -895,6 +903,37 @@ def bench_search_cmd(
         transfer_from=transfer_from,
         job_clock=job_clock,
     )
+
+
+@bench_app.command("pruning")
+def bench_pruning_cmd(
+    studies: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--studies",
+            help="study files (default: search_spaces/llama3_8b_pruning.study.yaml); their "
+            "pruning: section, else its defaults",
+        ),
+    ] = None,
+    strategies: Annotated[
+        str | None, typer.Option(help="comma-separated strategy names (default: the study's)")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="seeds: 0-4 or 0,2,7")] = "0-4",
+    workers: Annotated[int, typer.Option(min=1, help="parallel workers")] = 8,
+    budget: Annotated[int, typer.Option(min=1, help="trials per run")] = 64,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
+) -> None:
+    """GPU-hours spent and saved by stopping slow trials early: each study, strategy and
+    seed searched without and with pruning on the simulated cluster."""
+    from cubic.bench.pruning import bench_pruning
+
+    result = bench_pruning(
+        studies, strategies, seeds, workers=workers, budget=budget, console=console
+    )
+    console.print(result.table())
+    if json_out is not None:
+        json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        console.print(f"results: {json_out}")
 
 
 @bench_app.command("proposal")

@@ -226,14 +226,18 @@ class CubicClient:
         )
 
     def heartbeat(
-        self, trial_id: int, lease_token: str, lease_seconds: float = 300.0
+        self,
+        trial_id: int,
+        lease_token: str,
+        lease_seconds: float = 300.0,
+        progress: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return self._call(
-            "POST",
-            f"/v1/trials/{trial_id}:heartbeat",
-            idempotent=True,
-            json={"lease_token": lease_token, "lease_seconds": lease_seconds},
-        )
+        """Extend the lease; with the job's ``progress`` (see :class:`cubic.pruning.Progress`),
+        the answer's ``prune`` is set when the study's pruner stops the trial."""
+        body: dict[str, Any] = {"lease_token": lease_token, "lease_seconds": lease_seconds}
+        if progress is not None:
+            body["progress"] = progress
+        return self._call("POST", f"/v1/trials/{trial_id}:heartbeat", idempotent=True, json=body)
 
     def report(
         self,

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cubic.errors import InvalidInput
 from cubic.shipped import find
@@ -72,6 +80,42 @@ class StrategySpec(_Spec):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+PRUNING_METHODS = ("threshold", "median", "percentile")
+PRUNABLE_METRICS = ("throughput", "tokens_per_s", "samples_per_s")
+"""Objectives a pruner can judge from step times: a throughput, which they measure."""
+
+
+class PruningSpec(_Spec):
+    """Early stopping of slow trials (see :mod:`cubic.pruning`); off unless ``enabled``.
+
+    ``threshold`` stops a trial once the upper confidence bound of its throughput after
+    warm-up is below ``fraction`` of the study's best; ``median`` and ``percentile`` are
+    Optuna's rules (a trial below the median, or outside the top ``percentile`` per cent,
+    of the complete trials). The baseline is never pruned.
+    """
+
+    enabled: bool = False
+    method: Literal[PRUNING_METHODS] = "threshold"  # type: ignore[valid-type]
+    fraction: float = Field(
+        0.8, gt=0.0, le=1.0, description="threshold: share of the best a trial must reach"
+    )
+    confidence: float = Field(
+        0.95, ge=0.5, lt=1.0, description="threshold: one-sided confidence of the bound"
+    )
+    percentile: float = Field(
+        25.0, gt=0.0, lt=100.0, description="percentile: the top per cent of trials kept"
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=1_000_000, description="steps a job runs before it can be judged at all"
+    )
+    min_steps: int = Field(
+        5, ge=2, le=1_000_000, description="timed steps (after the job's warm-up) a verdict needs"
+    )
+    startup_trials: int = Field(
+        1, ge=1, le=100_000, description="complete trials the study needs before any pruning"
+    )
+
+
 class JobSpec(_Spec):
     """How a real runner starts a trial's job; see the job contract in the README.
 
@@ -119,6 +163,7 @@ class StudySpec(_Spec):
         False,
         description="create the study even when the memory estimate says no config fits",
     )
+    pruning: PruningSpec = Field(default_factory=PruningSpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -138,6 +183,24 @@ class StudySpec(_Spec):
         names = [o.metric for o in v]
         if len(set(names)) != len(names):
             raise ValueError("each metric may appear once")
+        return v
+
+    @field_validator("pruning")
+    @classmethod
+    def _prunable(cls, v: PruningSpec, info: ValidationInfo) -> PruningSpec:
+        """A pruner judges a throughput from step times: one maximised throughput objective."""
+        objectives = info.data.get("objectives")
+        if v.enabled and objectives:
+            first = objectives[0]
+            if (
+                len(objectives) > 1
+                or first.metric not in PRUNABLE_METRICS
+                or first.direction != "maximize"
+            ):
+                raise ValueError(
+                    "enabled: pruning needs one maximised throughput objective "
+                    f"({', '.join(PRUNABLE_METRICS)})"
+                )
         return v
 
     @property

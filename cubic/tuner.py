@@ -25,6 +25,7 @@ from cubic.objectives import (
     violations,
 )
 from cubic.outcome import Outcome
+from cubic.pruning import Progress, Verdict
 from cubic.space import SpaceError
 from cubic.store import Store
 from cubic.store.objects import Study, StudyCounts, StudyState, Trial, TrialState
@@ -462,7 +463,7 @@ class Tuner:
         if cached is None or time.monotonic() - cached[0] >= ttl_s:
             rows = []
             for t in self.store.history_for_kind(
-                kind, states=[TrialState.COMPLETE, TrialState.INFEASIBLE]
+                kind, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
             ):
                 try:
                     rows.append((self.resolved(t.study_id).workload, t))
@@ -494,6 +495,29 @@ class Tuner:
         self, trial_id: int, lease_token: str, lease_seconds: float = DEFAULT_LEASE_S
     ) -> Trial:
         return self.store.heartbeat(trial_id, lease_token, lease_seconds)
+
+    def judge(self, trial: Trial, progress: Progress) -> Verdict | None:
+        """Whether a running trial should be stopped early, by the study's pruning rule, from
+        how far its job has got (None: pruning is off, the trial is the baseline, or it is
+        too early to say). The worker that holds it cancels the job and reports ``pruned``."""
+        from cubic.pruning import judge
+
+        r = self.resolved(trial.study_id)
+        rule = r.spec.pruning
+        if not rule.enabled or trial.state != TrialState.RUNNING or self._is_baseline(trial):
+            return None
+        values = [v for t, v in self._scored(trial.study_id) if v is not None and t.id != trial.id]
+        return judge(rule, progress, values)
+
+    def _is_baseline(self, trial: Trial) -> bool:
+        """Whether a trial runs the study's baseline config (its first attempt or a retry)."""
+        if trial.source == "baseline":
+            return True
+        r = self.resolved(trial.study_id)
+        if r.spec.baseline is None or trial.retry_of is None:
+            return False
+        params = {k: v for k, v in r.spec.baseline.items() if k not in r.space.derived_names}
+        return config_key(trial.params) == config_key(r.space.complete(params, r.context))
 
     def tell(self, trial_id: int, lease_token: str, outcome: Outcome) -> Trial:
         """Record how a trial ended; a repeated report with the same token changes nothing.

@@ -12,6 +12,12 @@ budget (:mod:`cubic.retry`), and each outcome is written to a local :class:`~cub
 Outbox` before it is reported, so a result computed while the service was away, or before
 the worker was killed, is reported when it (or a new run of it) reaches the service again.
 Only once the budget is spent does it give up, keeping what it could not report.
+
+In a study that stops slow trials early (its ``pruning`` section), it sends each running
+job's progress (what the runner sees of it: steps and step times) on a heartbeat at most
+every ``progress_s`` seconds; when the service's pruner answers that the trial can no longer
+matter, it cancels the job through its runner and reports the trial ``pruned``, with the
+evidence and what the job had measured (its partial throughput is data for the search).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from cubic.client import CubicClient
 from cubic.errors import Conflict, CubicError, InvalidInput, NotFound, StorageError
 from cubic.outbox import Outbox, default_outbox
 from cubic.outcome import Outcome
+from cubic.pruning import PROGRESS_REPORT_S, Verdict
 from cubic.retry import lease_wait
 from cubic.runners.base import Runner, TrialJob
 
@@ -46,6 +53,8 @@ class _Active:
     lease: dict[str, Any]
     handle: Any
     poll_errors: int = 0
+    sent_steps: int = -1  # the steps of the last progress the service has seen
+    next_progress: float = 0.0  # monotonic time before which no progress is sent
 
 
 MAX_POLL_ERRORS = 20  # consecutive failures to ask a scheduler about a job before giving up
@@ -70,9 +79,14 @@ class Worker:
         outbox: Outbox | Path | str | None = None,
         handle_signals: bool = True,
         leave_states: frozenset[str] = FINAL_STUDY_STATES,
+        progress_s: float = PROGRESS_REPORT_S,
+        cancel_wait_s: float = 30.0,
     ) -> None:
         """``handle_signals``: SIGTERM/SIGINT wind this worker down (off when a caller owns
-        them); ``leave_states``: study states in which an idle worker returns."""
+        them); ``leave_states``: study states in which an idle worker returns;
+        ``progress_s``: least seconds between two progress reports of a trial (a study with
+        pruning on); ``cancel_wait_s``: how long a pruned trial's cancelled job may take to
+        end before the trial is reported without what it measured last."""
         if parallel < 1:
             raise ValueError("parallel must be at least 1")
         self.client = client
@@ -87,6 +101,9 @@ class Worker:
         self.on_report = on_report
         self.handle_signals = handle_signals
         self.leave_states = leave_states
+        self.progress_s = progress_s
+        self.cancel_wait_s = cancel_wait_s
+        self._pruning = False  # the study stops slow trials early
         if outbox is None:  # one folder per service: study and trial ids are its own
             outbox = default_outbox() / re.sub(r"[^A-Za-z0-9.-]+", "_", client.url)
         self.outbox = outbox if isinstance(outbox, Outbox) else Outbox(outbox)
@@ -131,6 +148,7 @@ class Worker:
         workload, timeout = spec["workload"], float(spec.get("trial_timeout_s", 3600.0))
         self._job_spec = spec.get("job") or {}
         self._objectives = tuple(o["metric"] for o in spec.get("objectives", []))
+        self._pruning = bool((spec.get("pruning") or {}).get("enabled"))
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="cubic-heartbeat")
         beat.start()
         try:
@@ -229,6 +247,8 @@ class Worker:
                     continue
                 self._cancel_quietly(a)
                 outcome = Outcome("failed", error=f"lost track of the job: {exc}"[:4000])
+            if outcome is None and self._pruning:
+                outcome = self._judged(tid, a)
             if outcome is None:
                 continue
             self._report(a.lease, outcome)
@@ -236,6 +256,64 @@ class Worker:
                 self._active.pop(tid, None)
             done += 1
         return done
+
+    def _judged(self, tid: int, a: _Active) -> Outcome | None:
+        """Send the job's progress when it has moved on (at most every ``progress_s``); if
+        the pruner stops the trial, cancel the job and return its ``pruned`` outcome."""
+        now = time.monotonic()
+        if now < a.next_progress:
+            return None
+        a.next_progress = now + self.progress_s  # a file on a shared file system, say
+        try:
+            progress = self.runner.progress(a.handle)
+        except Exception as exc:  # progress is advice: the job goes on
+            log.warning("trial %s: cannot read its progress: %s", tid, exc)
+            return None
+        if progress is None or progress.steps <= a.sent_steps:
+            return None
+        try:
+            answer = self.client.heartbeat(
+                tid, a.lease["lease_token"], self.lease_seconds, progress=progress.to_dict()
+            )
+        except CubicError as exc:  # a lost lease is the heartbeat thread's to handle
+            log.warning("trial %s: progress not sent: %s", tid, exc)
+            return None
+        a.sent_steps = progress.steps
+        prune = answer.get("prune") if isinstance(answer, dict) else None
+        if not prune:
+            return None
+        fields = {k: prune[k] for k in Verdict.__dataclass_fields__ if k in prune}
+        verdict = Verdict(**{**fields, "prune": True})
+        log.info("trial %s: %s", tid, verdict.reason)
+        return self._prune(a, verdict)
+
+    def _prune(self, a: _Active, verdict: Verdict) -> Outcome:
+        """Cancel a pruned trial's job, wait (at most ``cancel_wait_s``) for it to end, and
+        make its outcome: ``pruned`` with the evidence and what the job measured."""
+        self._cancel_quietly(a)
+        ended: Outcome | None = None
+        deadline = time.monotonic() + self.cancel_wait_s
+        while ended is None and time.monotonic() < deadline:
+            try:
+                ended = self.runner.poll(a.handle)
+            except Exception as exc:
+                log.warning("trial %s: poll after cancel failed: %s", a.lease["id"], exc)
+            if ended is None:
+                time.sleep(self.poll_s)
+        if ended is not None and ended.state in ("complete", "infeasible"):
+            return ended  # it ended on its own before the cancel took: that is its outcome
+        metrics: dict[str, Any] = {"throughput": verdict.throughput}
+        for name in self._objectives:
+            metrics[name] = verdict.throughput
+        metrics["timed_steps"] = verdict.timed_steps
+        metrics.update((ended.metrics if ended is not None else None) or {})
+        metrics.update(verdict.metrics())
+        return Outcome(
+            "pruned",
+            metrics=metrics,
+            error=verdict.reason[:4000],
+            log_tail=ended.log_tail if ended is not None else None,
+        )
 
     def _report(self, lease: dict[str, Any], outcome: Outcome) -> None:
         """Keep the outcome on disk, report it, and forget it once the service answered

@@ -50,8 +50,9 @@ DESCRIPTION = """\
 cubic proposes configurations of a distributed training job, workers run them and report
 what they measured, and cubic keeps every trial in SQL.
 
-Workers: `POST /v1/studies/{id}/trials:lease`, then `:heartbeat` while running and
-`:report` (or `:release`) with the lease token. Every error answer is
+Workers: `POST /v1/studies/{id}/trials:lease`, then `:heartbeat` while running (with the
+job's `progress` in a study that stops slow trials early: the answer's `prune` says when)
+and `:report` (or `:release`) with the lease token. Every error answer is
 `{"detail", "field", "type"}`.
 """
 

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cubic.errors import InvalidInput
+from cubic.pruning import MAX_SECONDS, MAX_STEPS, MAX_THROUGHPUT, Progress, Verdict
 from cubic.store.objects import ApiToken, Role, Study, StudyState, Trial, TrialEvent, TrialState
 from service.errors import MAX_DEPTH
 
@@ -309,17 +311,97 @@ class LeaseRequest(_In):
     )
 
 
+class ProgressIn(_In):
+    """How far a running job has got (cumulative: resending it is harmless); see
+    :class:`cubic.pruning.Progress`."""
+
+    steps: int = Field(ge=0, le=MAX_STEPS, description="steps run, the warm-up included")
+    timed_steps: int = Field(0, ge=0, le=MAX_STEPS, description="steps after the warm-up")
+    step_time_s: float | None = Field(
+        None, ge=0, le=MAX_SECONDS, description="mean step time after the warm-up"
+    )
+    step_time_std_s: float = Field(
+        0.0, ge=0, le=MAX_SECONDS, description="sample standard deviation of those step times"
+    )
+    throughput: float | None = Field(
+        None, ge=0, le=MAX_THROUGHPUT, description="tokens or samples per second after warm-up"
+    )
+    elapsed_s: float | None = Field(
+        None, ge=0, le=MAX_SECONDS, description="seconds of every step, the warm-up included"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProgressIn:
+        self.to_progress()
+        return self
+
+    def to_progress(self) -> Progress:
+        try:
+            return Progress.from_dict(self.model_dump(exclude_none=True))
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+
+
 class HeartbeatRequest(_In):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "lease_seconds": 300}]
+            "examples": [
+                {"lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f", "lease_seconds": 300},
+                {
+                    "lease_token": "4f1c0e0c9a9b4f7e8d1f3b2a6c5d4e3f",
+                    "lease_seconds": 300,
+                    "progress": {
+                        "steps": 15,
+                        "timed_steps": 12,
+                        "step_time_s": 2.31,
+                        "step_time_std_s": 0.05,
+                        "throughput": 56740.2,
+                        "elapsed_s": 41.2,
+                    },
+                },
+            ]
         },
     )
 
     lease_token: str = Field(min_length=1, max_length=200)
     lease_seconds: float | None = Field(
         None, ge=1, le=86400, description="new lease length, from now"
+    )
+    progress: ProgressIn | None = Field(
+        None,
+        description="how far the job has got; in a study with pruning on, the answer says "
+        "whether to stop it",
+    )
+
+
+class PruneOut(BaseModel):
+    """The pruner's verdict on a running trial: stop its job and report it ``pruned``."""
+
+    method: str
+    timed_steps: int
+    throughput: float = Field(description="measured after the warm-up so far")
+    bound: float = Field(
+        description="what was compared: the upper confidence bound (threshold) or the "
+        "measured throughput (median, percentile)"
+    )
+    limit: float = Field(description="what it had to reach")
+    best: float = Field(description="the study's best complete throughput")
+    trials: int = Field(description="complete trials it was judged against")
+    reason: str
+
+    @classmethod
+    def from_verdict(cls, v: Verdict) -> PruneOut:
+        return cls(**{k: val for k, val in v.to_dict().items() if k != "prune"})
+
+
+class HeartbeatOut(TrialOut):
+    """The trial with its lease extended, and whether to stop its job now."""
+
+    prune: PruneOut | None = Field(
+        None,
+        description="set when the study's pruner stops the trial: cancel its job, then "
+        "report `pruned` with this evidence",
     )
 
 

@@ -368,3 +368,38 @@ def test_the_service_fits_each_study_s_own_model_ahead_of_demand(store: Store) -
     leased = tuner.ask(sid, "w", 1)
     assert leased and leased[0].predicted["phase"] == "model"
     assert strategy._model is fitted  # the round used the model fitted ahead of it
+
+
+def test_the_pruner_never_stops_the_baseline_not_even_its_retry(tuner: Tuner) -> None:
+    from cubic.pruning import Progress
+
+    spec = _spec(
+        baseline={"x": 1, "y": 1},
+        budget={"max_trials": 4, "max_parallel": 1},
+        pruning={"enabled": True},
+    )
+    sid = tuner.create_study(spec).id
+    tuner.enqueue(sid, [{"x": 4, "y": 7}])
+    slow = Progress(steps=10, timed_steps=8, step_time_s=1.0, step_time_std_s=0.01, throughput=9.0)
+    (base,) = tuner.ask(sid, "w")
+    assert base.source == "baseline"
+    assert tuner.judge(base, slow) is None  # nothing complete yet, and the baseline anyway
+    tuner.tell(base.id, base.lease_token, Outcome("failed", error="node lost"))
+    (good,) = tuner.ask(sid, "w")
+    tuner.tell(good.id, good.lease_token, _job(good.params))
+    (retry,) = tuner.ask(sid, "w")
+    assert retry.source == "retry" and retry.retry_of == base.id
+    assert tuner.judge(retry, slow) is None
+    tuner.tell(retry.id, retry.lease_token, _job(retry.params))
+    (other,) = tuner.ask(sid, "w")
+    assert other.source == "strategy"
+    verdict = tuner.judge(other, slow)
+    assert verdict is not None and verdict.prune and verdict.best == 1000.0
+    fast = Progress(steps=10, timed_steps=8, step_time_s=1.0, throughput=990.0)
+    assert not tuner.judge(other, fast).prune
+    metrics = {"throughput": 9.0, **verdict.metrics()}
+    done = tuner.tell(other.id, other.lease_token, Outcome("pruned", metrics, verdict.reason))
+    assert done.state == TrialState.PRUNED and tuner.best(sid).trial.id == good.id
+    off = tuner.create_study(_spec(budget={"max_trials": 2, "max_parallel": 1})).id
+    (t,) = tuner.ask(off, "w")
+    assert tuner.judge(t, slow) is None  # pruning is off by default

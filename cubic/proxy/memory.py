@@ -118,7 +118,7 @@ class MemoryModel:
         rows, targets, bounds = [], [], []
         for i, t in enumerate(trials):
             peak = reported_peak_bytes(t.metrics)
-            if t.state == TrialState.COMPLETE and peak is not None:
+            if t.state in TrialState.MEASURED and peak is not None:  # it ran: pruned too
                 rows.append(i)
                 targets.append(math.log(peak / hbm / est[i]))
             elif is_oom(t):

@@ -1,7 +1,8 @@
 """Fitting proxy models on stored trials, measuring them, and keeping them current.
 
 Every finished trial of a workload kind, from every study, is training data: a complete
-trial says how fast its configuration ran, an infeasible one that it cannot run. Models are
+trial says how fast its configuration ran, a pruned one how fast it ran until it was stopped
+for being slow, an infeasible one that it cannot run. Models are
 refitted off the request path (:class:`Retrainer`, meant for a background thread) and stored
 as versions with their measured quality, so a strategy only ever loads a ready model.
 """
@@ -30,10 +31,11 @@ KINDS = ("llm", "dlrm")
 
 
 def usable(trial: Trial) -> bool:
-    """Whether a trial teaches the model something: a measured throughput, or infeasible."""
+    """Whether a trial teaches the model something: a measured throughput (complete, or
+    pruned with what it measured), or infeasible."""
     if trial.state == TrialState.INFEASIBLE:
         return True
-    if trial.state != TrialState.COMPLETE or not trial.metrics:
+    if trial.state not in TrialState.MEASURED or not trial.metrics:
         return False
     value = trial.metrics.get("throughput")
     return (
@@ -55,7 +57,7 @@ def training_set(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(X, y, feasible, groups)`` from stored trials, in the order they finished.
 
-    Complete trials with a positive ``metrics['throughput']`` give ``y``; infeasible ones
+    Complete and pruned trials with a positive ``metrics['throughput']`` give ``y``; infeasible ones
     give ``y = NaN`` and ``feasible = False``; other trials, and trials of studies whose
     workload is unknown (``workloads`` gives None or lacks the id), are left out. ``groups``
     is the study id. Every workload must be of one kind (``kind``, when given).
@@ -83,7 +85,7 @@ def training_set(
         idx = np.flatnonzero(groups == sid)
         if len(idx):
             X[idx] = featurize(wl, [rows[i].params for i in idx])
-    feasible = np.array([t.state == TrialState.COMPLETE for t in rows], dtype=bool)
+    feasible = np.array([t.state in TrialState.MEASURED for t in rows], dtype=bool)
     y = np.array(
         [
             float(t.metrics["throughput"]) if ok and t.metrics else math.nan
@@ -249,7 +251,7 @@ class Retrainer:
 
     def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
-        finished = [TrialState.COMPLETE, TrialState.INFEASIBLE]
+        finished = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
         with self._lock:
             latest = self.store.latest_proxy_model(kind)
             if (

@@ -2,9 +2,10 @@
 
 Lifecycle: the worker calls ``submit(job)`` once per leased trial and gets a handle, then
 ``poll(handle)`` until it returns an :class:`~cubic.outcome.Outcome`, and ``cancel(handle)``
-when the job must stop (shutdown, timeout). A runner turns the config into what the job
-reads and the job's exit into an outcome (out of memory -> ``infeasible``; lost node or
-timeout -> ``failed``).
+when the job must stop (shutdown, timeout, a slow trial pruned); ``progress(handle)`` says
+how far a running job has got, where the runner can see it. A runner turns the config into
+what the job reads and the job's exit into an outcome (out of memory -> ``infeasible``; lost
+node or timeout -> ``failed``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,11 @@ class Runner(ABC):
     def describe(self, handle: Any) -> dict[str, Any]:
         """Where the job runs (pid, scheduler job id, folder), for the worker's log."""
         return {}
+
+    def progress(self, handle: Any) -> Progress | None:
+        """How far the running job has got (None where this runner cannot see it): what a
+        study that stops slow trials early judges them by."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most runners hold nothing
         """Release what the runner holds (connections, temporary files)."""

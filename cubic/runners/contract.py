@@ -6,9 +6,10 @@ JSON inline in ``CUBIC_CONFIG_JSON`` for runners that share no files), one envir
 variable per knob (``CUBIC_PARAM_MICRO_BATCH=4``) and command-line flags rendered into the
 study's ``job.command`` template. It reports metrics by writing JSON to ``CUBIC_METRICS``,
 by printing a line ``CUBIC_METRICS {"tokens_per_s": ...}``, or with :func:`cubic.job.report`,
-which does both. Every runner ends a job through :func:`classify`, so an out-of-memory error
-is ``infeasible`` (data for the search) and a broken node or timeout is ``failed`` (retried)
-the same way everywhere.
+which does both; while it runs, :class:`cubic.job.StepTimer` keeps its progress in the file
+``CUBIC_PROGRESS`` names (:func:`read_progress`). Every runner ends a job through
+:func:`classify`, so an out-of-memory error is ``infeasible`` (data for the search) and a
+broken node or timeout is ``failed`` (retried) the same way everywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import jinja2
 import jinja2.sandbox
 
 from cubic.errors import InvalidInput
+from cubic.job import PROGRESS_ENV
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 from cubic.runners.base import TrialJob
 
 METRICS_PREFIX = "CUBIC_METRICS"
@@ -118,6 +121,7 @@ class PreparedJob:
     metrics_path: str
     config_json: str
     log_path: Path | None = None
+    progress_path: str | None = None
 
 
 def prepare(
@@ -143,8 +147,10 @@ def prepare(
         (local / "config.json").write_text(config_json)
     base = remote_dir if remote_dir is not None else str(local)
     config_path, metrics_path = f"{base}/config.json", f"{base}/metrics.json"
+    progress_path = f"{base}/progress.json"
     if local is not None:
         (local / "metrics.json").unlink(missing_ok=True)
+        (local / "progress.json").unlink(missing_ok=True)
     flags = render_flags(job.params)
     variables = {
         **job.params,
@@ -160,6 +166,7 @@ def prepare(
         "CUBIC_CONFIG": config_path,
         "CUBIC_CONFIG_JSON": config_json,
         "CUBIC_METRICS": metrics_path,
+        PROGRESS_ENV: progress_path,
         "CUBIC_TRIAL_ID": str(job.trial_id),
         "CUBIC_STUDY_ID": str(job.study_id),
         "CUBIC_TRIAL_NUMBER": str(job.number),
@@ -177,6 +184,7 @@ def prepare(
         config_path=config_path,
         metrics_path=metrics_path,
         config_json=config_json,
+        progress_path=progress_path,
     )
 
 
@@ -205,6 +213,16 @@ def parse_metrics(log: str, metrics_file: str | None = None) -> dict[str, Any] |
         if isinstance(doc, dict):
             return doc
     return None
+
+
+def read_progress(path: str | Path | None) -> Progress | None:
+    """The progress a running job last wrote (None: none yet, or unreadable)."""
+    if path is None:
+        return None
+    try:
+        return Progress.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, InvalidInput):
+        return None
 
 
 def tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 from cubic.runners.base import Runner, TrialJob
-from cubic.runners.contract import PreparedJob, classify, parse_metrics, prepare
+from cubic.runners.contract import PreparedJob, classify, parse_metrics, prepare, read_progress
 
 
 @dataclass(slots=True)
@@ -134,6 +135,10 @@ class LocalRunner(Runner):
             self._signal(h, signal.SIGKILL)
             h.proc.wait()
         self._signal(h, signal.SIGKILL)
+
+    def progress(self, handle: LocalHandle) -> Progress | None:
+        """What the job's :class:`~cubic.job.StepTimer` last wrote to ``progress.json``."""
+        return read_progress(handle.prepared.progress_path)
 
     def describe(self, handle: LocalHandle) -> dict[str, Any]:
         return {"pid": handle.proc.pid, "dir": str(handle.prepared.log_path.parent)}

@@ -6,6 +6,12 @@ take ``clock`` seconds per second the job would hold its cluster
 (:func:`cubic.sim.job.job_duration`: launch plus every step, an out-of-memory config dying at
 launch), so that jobs end in the order real ones would; 0 for both (the default) returns as
 soon as the model has answered.
+
+A job that takes time runs step by step: each step's time comes from the noise model (the
+warm-up steps first, slower), and after each one the job's progress (:meth:`progress`) is
+what a real job's :class:`~cubic.job.StepTimer` would report, so that a study can stop a slow
+trial early. A cancelled job ends ``failed`` with the metrics of the steps it ran (the
+GPU-hours it held).
 """
 
 from __future__ import annotations
@@ -15,9 +21,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 from cubic.runners.base import Runner, TrialJob
-from cubic.sim.job import NoiseModel, job_duration, run_job
+from cubic.sim.job import STARTUP_S, NoiseModel, SimulatedJob, job_duration, simulate_job
 from cubic.workload import Workload
+
+
+class _Live:
+    """What a running job's thread shares with the worker: its progress so far."""
+
+    __slots__ = ("progress",)
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+
+
+SimHandle = tuple[Future[Outcome], threading.Event, _Live]
 
 
 class SimulatedRunner(Runner):
@@ -48,35 +67,64 @@ class SimulatedRunner(Runner):
             self._workloads[key] = Workload.from_dict(spec)
         return self._workloads[key]
 
-    def _run(self, job: TrialJob, cancelled: threading.Event) -> Outcome:
+    def _run(self, job: TrialJob, cancelled: threading.Event, live: _Live) -> Outcome:
         workload = self._workload(job.workload)
-        outcome = run_job(
+        sim = simulate_job(
             workload,
             job.params,
             steps=self.steps,
             noise=self.noise,
             seed=self.seed * 1_000_003 + job.trial_id,
         )
+        outcome = sim.outcome
         wall = self.wall_s(outcome, workload)
-        if wall > 0:
+        if wall <= 0:
+            return outcome
+        if sim.times is None:  # dies at launch (or loses its node): no step to report
             if wall > job.timeout_s:
                 cancelled.wait(job.timeout_s)
                 return Outcome("failed", error=f"timeout after {job.timeout_s:.0f} s")
             if cancelled.wait(wall):
                 return Outcome("failed", error="cancelled")
-        return outcome
+            return outcome
+        return self._steps(job, sim, cancelled, live)
+
+    def _steps(
+        self, job: TrialJob, sim: SimulatedJob, cancelled: threading.Event, live: _Live
+    ) -> Outcome:
+        """Run the job's steps in wall time, publishing its progress after each."""
+        assert sim.times is not None
+        spent = self.clock * STARTUP_S
+        if spent > job.timeout_s:
+            cancelled.wait(job.timeout_s)
+            return Outcome("failed", error=f"timeout after {job.timeout_s:.0f} s")
+        if cancelled.wait(spent):
+            return Outcome("failed", error="cancelled")
+        for i, t in enumerate(sim.times):
+            wall = self.clock * float(t) + (self.time_scale if i >= sim.warmup else 0.0)
+            if spent + wall > job.timeout_s:
+                cancelled.wait(job.timeout_s - spent)
+                return Outcome("failed", error=f"timeout after {job.timeout_s:.0f} s")
+            if cancelled.wait(wall):
+                return Outcome("failed", metrics=sim.partial_metrics(i), error="cancelled")
+            spent += wall
+            live.progress = sim.progress(i + 1)
+        return sim.outcome
 
     def wall_s(self, outcome: Outcome, workload: Workload) -> float:
         """Seconds the job with ``outcome`` holds its worker (0: it returns at once)."""
         return self.time_scale * self.steps + self.clock * job_duration(outcome, workload)
 
-    def submit(self, job: TrialJob) -> tuple[Future[Outcome], threading.Event]:
-        cancelled = threading.Event()
-        return self._pool.submit(self._run, job, cancelled), cancelled
+    def submit(self, job: TrialJob) -> SimHandle:
+        cancelled, live = threading.Event(), _Live()
+        return self._pool.submit(self._run, job, cancelled, live), cancelled, live
 
-    def poll(self, handle: tuple[Future[Outcome], threading.Event]) -> Outcome | None:
-        fut, _ = handle
+    def poll(self, handle: SimHandle) -> Outcome | None:
+        fut = handle[0]
         return fut.result() if fut.done() else None
 
-    def cancel(self, handle: tuple[Future[Outcome], threading.Event]) -> None:
+    def progress(self, handle: SimHandle) -> Progress | None:
+        return handle[2].progress
+
+    def cancel(self, handle: SimHandle) -> None:
         handle[1].set()

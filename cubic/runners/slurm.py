@@ -47,8 +47,9 @@ import jinja2.sandbox
 
 from cubic.errors import CubicError, InvalidInput
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 from cubic.runners.base import Runner, TrialJob
-from cubic.runners.contract import PreparedJob, classify, parse_metrics, prepare
+from cubic.runners.contract import PreparedJob, classify, parse_metrics, prepare, read_progress
 from cubic.runners.local import read_log
 
 log = logging.getLogger("cubic.runners.slurm")
@@ -451,6 +452,11 @@ class SlurmRunner(Runner):
         if h.term_at is None:
             h.term_at = time.monotonic()
         self._scancel(h)
+
+    def progress(self, handle: SlurmHandle) -> Progress | None:
+        """What the job's :class:`~cubic.job.StepTimer` last wrote to ``progress.json`` (the
+        job folder is on a file system the nodes share with the worker)."""
+        return read_progress(handle.prepared.progress_path)
 
     def describe(self, handle: SlurmHandle) -> dict[str, Any]:
         return {"job_id": handle.job_id, "dir": str(handle.job_dir)}

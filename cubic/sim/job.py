@@ -15,6 +15,7 @@ import numpy as np
 
 from cubic.objectives import cost_per_million
 from cubic.outcome import Outcome
+from cubic.pruning import Progress
 from cubic.sim import simulate
 from cubic.workload import Workload
 
@@ -61,6 +62,48 @@ def _oom_message(reason: str, gpu: str) -> str:
     return f"torch.OutOfMemoryError: CUDA out of memory on {gpu} (simulated). {reason}"
 
 
+@dataclass(frozen=True, slots=True)
+class SimulatedJob:
+    """A simulated job, step by step: its outcome had it run to the end and, when it runs at
+    all, the time of every step (``warmup`` warm-up steps first), so that a job stopped
+    early (a pruned trial) reports what it had measured by then."""
+
+    outcome: Outcome
+    times: np.ndarray | None = None
+    warmup: int = 0
+    units_per_step: float = 0.0
+    num_gpus: int = 1
+
+    def progress(self, k: int) -> Progress:
+        """What the job's step timer says after its first ``k`` steps."""
+        assert self.times is not None
+        return Progress.of_times(self.times[:k], self.warmup, self.units_per_step)
+
+    def partial_metrics(self, k: int) -> dict[str, Any]:
+        """The metrics of the first ``k`` steps: the GPU-hours they held, and the throughput
+        they measured once any step after the warm-up has run."""
+        if self.times is None:
+            return {}
+        p = self.progress(k)
+        full = self.outcome.metrics
+        out: dict[str, Any] = {
+            "gpu_hours": float(self.times[:k].sum()) * self.num_gpus / 3600.0,
+            "steps": p.steps,
+            "timed_steps": p.timed_steps,
+        }
+        if k > 0:  # known once the job has run a step
+            out.update({m: full[m] for m in ("peak_memory_gb", "error_score") if m in full})
+        if p.throughput is not None and p.step_time_s is not None:
+            out["throughput"] = p.throughput
+            out["step_time_s"] = p.step_time_s
+            for unit in ("tokens_per_s", "samples_per_s"):
+                if unit in full:
+                    out[unit] = p.throughput
+            out["mfu"] = full["mfu"] * p.throughput / full["throughput"]
+            out["cost"] = cost_per_million(p.throughput, self.num_gpus)
+        return out
+
+
 def run_job(
     workload: Workload,
     config: dict[str, Any],
@@ -70,26 +113,44 @@ def run_job(
     seed: int | None = None,
 ) -> Outcome:
     """Run ``config`` for ``steps`` measured steps and report what a real job would."""
+    return simulate_job(workload, config, steps=steps, noise=noise, seed=seed).outcome
+
+
+def simulate_job(
+    workload: Workload,
+    config: dict[str, Any],
+    *,
+    steps: int = 20,
+    noise: NoiseModel | None = None,
+    seed: int | None = None,
+) -> SimulatedJob:
+    """:func:`run_job`, with the time of every step it runs (warm-up first)."""
     noise = NoiseModel() if noise is None else noise
     rng = np.random.default_rng(seed)
     res = simulate(workload, [config])
     row = res.row(0)
     if not row["valid"]:
-        return Outcome("infeasible", error=row["reason"], log_tail=f"ValueError: {row['reason']}")
+        return SimulatedJob(
+            Outcome("infeasible", error=row["reason"], log_tail=f"ValueError: {row['reason']}")
+        )
     if not row["fits"]:
         msg = _oom_message(row["reason"], workload.cluster.gpu)
-        return Outcome(
-            "infeasible",
-            metrics={"peak_memory_gb": row["peak_memory_gb"]},
-            error=row["reason"],
-            log_tail=msg,
+        return SimulatedJob(
+            Outcome(
+                "infeasible",
+                metrics={"peak_memory_gb": row["peak_memory_gb"]},
+                error=row["reason"],
+                log_tail=msg,
+            )
         )
     if noise.failure_prob > 0 and rng.random() < noise.failure_prob:
         step = int(rng.integers(0, max(1, steps)))
-        return Outcome(
-            "failed",
-            error="node lost (simulated)",
-            log_tail=f"step {step}: NCCL watchdog timeout: rank lost contact with its peers",
+        return SimulatedJob(
+            Outcome(
+                "failed",
+                error="node lost (simulated)",
+                log_tail=f"step {step}: NCCL watchdog timeout: rank lost contact with its peers",
+            )
         )
     base = row["step_time_s"]
     slow = 1.0
@@ -115,4 +176,8 @@ def run_job(
         "steps": steps,
         "warmup_steps": noise.warmup_steps,
     }
-    return Outcome("complete", metrics=metrics, log_tail=f"{steps} steps, {unit}={throughput:.1f}")
+    outcome = Outcome(
+        "complete", metrics=metrics, log_tail=f"{steps} steps, {unit}={throughput:.1f}"
+    )
+    # Tokens (or samples) per step: what the analytical model's throughput and step time say.
+    return SimulatedJob(outcome, times, noise.warmup_steps, row["throughput"] * base, n_gpus)

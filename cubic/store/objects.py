@@ -24,6 +24,8 @@ class TrialState(StrEnum):
     PRUNED = "pruned"
 
     FINISHED: ClassVar[frozenset[TrialState]]
+    MEASURED: ClassVar[frozenset[TrialState]]
+    LEARNED: ClassVar[frozenset[TrialState]]
 
     @property
     def is_finished(self) -> bool:
@@ -34,6 +36,12 @@ class TrialState(StrEnum):
 TrialState.FINISHED = frozenset(
     {TrialState.COMPLETE, TrialState.INFEASIBLE, TrialState.FAILED, TrialState.PRUNED}
 )
+TrialState.MEASURED = frozenset({TrialState.COMPLETE, TrialState.PRUNED})
+"""States whose metrics measure how fast the config ran: a pruned trial was stopped early, but
+the throughput it measured until then is data (it says the config is slow)."""
+TrialState.LEARNED = TrialState.MEASURED | {TrialState.INFEASIBLE}
+"""Finished trials a search learns from: how fast a config ran, or that it cannot run (a
+failed trial says nothing about its config)."""
 
 
 class StudyState(StrEnum):

@@ -136,7 +136,7 @@ class Strategy(ABC):
 
         Random top-ups use it to skip regions already known to run out of memory.
         """
-        done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        done = [t for t in history if t.state in TrialState.LEARNED]
         bad = np.asarray([t.state == TrialState.INFEASIBLE for t in done])
         if not bad.any():
             return lambda cfg: False
@@ -191,12 +191,13 @@ class Strategy(ABC):
         """(objective values or None, constraint violation) of a finished trial.
 
         Infeasible trials and complete trials that break a constraint get a positive
-        violation, so constraint-aware samplers learn to avoid their region.
+        violation, so constraint-aware samplers learn to avoid their region. A pruned trial's
+        values are what it measured before it was stopped: low, and data all the same.
         """
         spec = self.study.spec
         if trial.state == TrialState.INFEASIBLE:
             return None, 1.0
-        if trial.state != TrialState.COMPLETE or not trial.metrics:
+        if trial.state not in TrialState.MEASURED or not trial.metrics:
             return None, 0.0
         vals = objective_values(spec, trial.metrics, job_gpus(self.study.workload, trial.params))
         bad = violations(spec, self.study.workload, trial.metrics, trial.params)

@@ -215,7 +215,7 @@ class CubicStrategy(Strategy):
         bad = [t for t in history if t.state == TrialState.INFEASIBLE and not is_oom(t)]
         if not bad:
             return []
-        complete = [t for t in history if t.state == TrialState.COMPLETE]
+        complete = [t for t in history if t.state in TrialState.MEASURED]  # they all ran
         # Called several times a round: recomputed only when the history has changed.
         key = (len(history), len(complete), tuple(t.id for t in bad))
         if self._regions is not None and self._regions[0] == key:
@@ -349,7 +349,7 @@ class CubicStrategy(Strategy):
 
         def measured(t: Trial) -> bool:
             return (
-                t.state == TrialState.COMPLETE
+                t.state in TrialState.MEASURED
                 and bool(t.metrics)
                 and isinstance(t.metrics.get("error_score"), int | float)
                 and not isinstance(t.metrics.get("error_score"), bool)
@@ -395,7 +395,7 @@ class CubicStrategy(Strategy):
             self._in_round, self._round_memory = False, None
 
     def _suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
-        own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        own_done = [t for t in history if t.state in TrialState.LEARNED]
         rng = self.rng(history)
         seen = self.seen(history)
         # The warm-up is ``warmup`` proposals, and the model waits for half of them to have
@@ -484,7 +484,7 @@ class CubicStrategy(Strategy):
         spec = self.study.spec
         if t.state == TrialState.INFEASIBLE:
             return None, False
-        if t.state != TrialState.COMPLETE or not t.metrics:
+        if t.state not in TrialState.MEASURED or not t.metrics:  # pruned: a partial measure
             return None, True
         if len(spec.objectives) > 1:
             return self._throughput_value(t)
@@ -519,11 +519,7 @@ class CubicStrategy(Strategy):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Features, values (NaN where infeasible), feasibility and groups of all trials."""
         blocks: list[tuple[Workload, list[dict[str, Any]], list[float], list[bool], int]] = []
-        rows = [
-            (t.params, *self._value(t))
-            for t in history
-            if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)
-        ]
+        rows = [(t.params, *self._value(t)) for t in history if t.state in TrialState.LEARNED]
         rows = [(p, v, f) for p, v, f in rows if v is not None or not f]
         if rows:
             blocks.append(
@@ -546,7 +542,7 @@ class CubicStrategy(Strategy):
                     ps.append(t.params)
                     vs.append(np.nan)
                     fs.append(False)
-                elif t.state == TrialState.COMPLETE and t.metrics:
+                elif t.state in TrialState.MEASURED and t.metrics:
                     v = t.metrics.get("throughput")
                     if isinstance(v, int | float) and v > 0:
                         ps.append(t.params)
@@ -564,7 +560,7 @@ class CubicStrategy(Strategy):
 
     def _fit(self, history: Sequence[Trial]) -> ProxyModel | None:
         """The proxy for this round: refitted once ``refit_every`` new trials have finished."""
-        n_done = sum(1 for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE))
+        n_done = sum(1 for t in history if t.state in TrialState.LEARNED)
         if self._model is not None and n_done - self._model[0] < self.refit_every:
             return self._model[1]
         model = self._fit_now(history)
@@ -616,7 +612,7 @@ class CubicStrategy(Strategy):
         a round proposes as it would without a service."""
         self._candidates()
         self._memory_model(history)
-        own_done = [t for t in history if t.state in (TrialState.COMPLETE, TrialState.INFEASIBLE)]
+        own_done = [t for t in history if t.state in TrialState.LEARNED]
         if len(own_done) < self.warmup and not self._transfer_ready():
             return False
         before = self._model

@@ -17,10 +17,12 @@ from service.schemas import (
     API_ERRORS,
     EnqueueRequest,
     ErrorOut,
+    HeartbeatOut,
     HeartbeatRequest,
     ImportRequest,
     LeaseOut,
     LeaseRequest,
+    PruneOut,
     ReleaseRequest,
     ReportRequest,
     TrialLeaseOut,
@@ -100,18 +102,26 @@ def lease(
     )
 
 
-@router.post("/trials/{trial_id:int}:heartbeat", response_model=TrialOut, responses=_LEASE_409)
+@router.post("/trials/{trial_id:int}:heartbeat", response_model=HeartbeatOut, responses=_LEASE_409)
 def heartbeat(
     trial_id: TrialId,
     req: HeartbeatRequest,
     caller: WorkerRole,
     tuner: TunerDep,
     settings: SettingsDep,
-) -> TrialOut:
-    """Extend a lease to now + ``lease_seconds``."""
+) -> HeartbeatOut:
+    """Extend a lease to now + ``lease_seconds``.
+
+    With the job's ``progress``, in a study that stops slow trials early, the answer's
+    ``prune`` says when the trial can no longer matter: the worker then cancels its job and
+    reports it ``pruned`` with the evidence.
+    """
     _check_holder(caller, tuner, trial_id)
     seconds = req.lease_seconds or settings.default_lease_s
-    return TrialOut.from_trial(tuner.heartbeat(trial_id, req.lease_token, seconds))
+    trial = tuner.heartbeat(trial_id, req.lease_token, seconds)
+    verdict = tuner.judge(trial, req.progress.to_progress()) if req.progress else None
+    prune = PruneOut.from_verdict(verdict) if verdict is not None and verdict.prune else None
+    return HeartbeatOut(**dict(TrialOut.from_trial(trial)), prune=prune)
 
 
 @router.post("/trials/{trial_id:int}:report", response_model=TrialOut, responses=_LEASE_409)

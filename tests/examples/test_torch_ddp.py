@@ -131,3 +131,83 @@ def test_tuning_the_real_job_beats_its_baseline(venv_on_path: None, tmp_path: Pa
     assert best["baseline_value"] == pytest.approx(baseline["metrics"]["tokens_per_s"])
     assert best["value"] == max(t["metrics"]["tokens_per_s"] for t in trials)
     assert best["speedup"] >= MIN_SPEEDUP, (best, [(t["params"], t["metrics"]) for t in trials])
+
+
+# A config made slow on purpose: the naive layout of a model four times as deep (a knob the
+# test's study adds: the script's --layers), several times slower than the baseline.
+SLOW = {"micro_batch": 1, "grad_accum": 8, "nproc_per_node": 1, "ddp_bucket_mb": 25,
+        "activation_checkpointing": True, "bf16": False, "depth": 16}  # fmt: skip
+FAST = {**SLOW, "micro_batch": 8, "grad_accum": 1, "activation_checkpointing": False, "depth": 4}
+STEPS = 40
+
+
+def _pruning_study() -> dict[str, Any]:
+    """The example study with pruning on, a ``depth`` knob, longer jobs, the fast config as
+    its baseline and room for one more trial."""
+    spec = _submitted(EXAMPLE / "study.yaml")
+    space = dict(spec["space"])
+    space["parameters"] = {
+        **space["parameters"],
+        "depth": {"type": "categorical", "choices": [4, 16], "description": "model layers"},
+    }
+    job = dict(spec["job"])
+    # Every knob but depth as a flag (the script has no --depth): depth sets --layers.
+    job["command"] = (
+        job["command"]
+        .replace("{{ flags }}", '{{ flags | replace("--depth " ~ depth, "") }}')
+        .replace("--layers {{ workload.model.layers }}", "--layers {{ depth }}")
+        .replace("--steps 8", f"--steps {STEPS}")
+    )
+    assert "--layers {{ depth }}" in job["command"] and f"--steps {STEPS}" in job["command"]
+    return {
+        **spec,
+        "name": "torch-ddp-pruning",
+        "space": space,
+        "job": job,
+        "baseline": FAST,
+        "budget": {"max_trials": 2, "max_parallel": 1},
+        "trial_timeout_s": 900,
+        "max_retries": 0,
+        "pruning": {"enabled": True, "min_steps": 3},
+    }
+
+
+@pytest.mark.alone  # the trials are timed on the same idle cores
+def test_a_slow_real_trial_is_pruned_through_the_local_runner(
+    venv_on_path: None, tmp_path: Path
+) -> None:
+    spec = _pruning_study()
+    db = f"sqlite:///{tmp_path / 'cubic.db'}"
+    upgrade(db)
+    with api_server(db, 1) as url, CubicClient(url) as client:
+        sid = client.create_study(spec)["id"]
+        client.enqueue(sid, [SLOW])
+        worker = Worker(
+            CubicClient(url),
+            sid,
+            make_runner("local", root=tmp_path / "jobs", kill_grace_s=10),
+            worker_id="cpu-host",
+            lease_seconds=120,
+            idle_s=0.2,
+            progress_s=0.5,
+            cancel_wait_s=60,
+        )
+        assert worker.run(max_trials=2) == 2
+        fast, slow = client.all_trials(sid)
+
+    assert fast["source"] == "baseline" and fast["state"] == "complete", fast["error"]
+    assert slow["params"]["depth"] == 16
+    assert slow["state"] == "pruned", (slow["error"], (slow["log_tail"] or "")[-2000:])
+    m = slow["metrics"]
+    # Stopped after a few of its 38 timed steps: the job never reached its report.
+    assert 3 <= m["timed_steps"] < STEPS - 2 and m["pruned_timed_steps"] == m["timed_steps"]
+    assert "CUBIC_METRICS" not in (slow["log_tail"] or "")
+    assert m["tokens_per_s"] < 0.8 * fast["metrics"]["tokens_per_s"]
+    assert m["pruned_bound"] < m["pruned_limit"]
+    assert m["pruned_best"] == pytest.approx(fast["metrics"]["tokens_per_s"])
+    assert slow["error"].startswith("pruned (threshold)") and "95% confidence" in slow["error"]
+    print(
+        f"baseline {fast['metrics']['tokens_per_s']:,.0f} tokens/s; the slow config pruned "
+        f"after {m['timed_steps']} of {STEPS - 2} timed steps at {m['tokens_per_s']:,.0f} "
+        f"tokens/s (at most {m['pruned_bound']:,.0f})"
+    )

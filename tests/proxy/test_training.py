@@ -183,3 +183,20 @@ def test_retrainer_runs_in_a_thread(store: Store) -> None:
     latest = store.latest_proxy_model("llm")
     assert latest is not None and latest.n_train == 30
     assert [t.state for t in store.list_trials(sid)].count(TrialState.COMPLETE) >= 2
+
+
+def test_a_pruned_trial_with_its_partial_throughput_is_training_data() -> None:
+    from cubic.proxy.training import usable
+    from cubic.store.objects import Trial
+
+    wl = workload("llama3_70b")
+    configs, _, _, ok = measured(wl, 12, 3)
+    cfg = [c for c, f in zip(configs, ok, strict=True) if f]
+    trials = [
+        Trial.detached(1, cfg[0], TrialState.COMPLETE, {"throughput": 900.0}),
+        Trial.detached(2, cfg[1], TrialState.PRUNED, {"throughput": 150.0, "gpu_hours": 0.2}),
+        Trial.detached(3, cfg[2], TrialState.PRUNED, {"gpu_hours": 0.1}),  # nothing measured
+    ]
+    assert [usable(t) for t in trials] == [True, True, False]
+    _, y, feasible, _ = training_set(trials, {1: wl})
+    assert y.tolist() == [900.0, 150.0] and feasible.tolist() == [True, True]

@@ -202,3 +202,25 @@ def test_cli_worker_takes_runner_options(url: str, tmp_path: Path) -> None:
         [*cubic, *args[:-1], "pbs"], capture_output=True, text=True, timeout=60
     )
     assert unknown.returncode == 2 and "runner 'pbs' is not available" in unknown.stderr
+
+
+def test_the_runner_reads_the_progress_a_running_job_keeps(tmp_path: Path) -> None:
+    """A job timing its steps with the SDK: its progress is seen while it runs."""
+    command = (
+        f"{PY} -c 'import time; from cubic.job import StepTimer; t = StepTimer(warmup=1)\n"
+        "for _ in range(400):\n"
+        "    t.record(0.05, tokens=10.0); time.sleep(0.05)'"
+    )
+    runner = LocalRunner(root=tmp_path, kill_grace_s=5)
+    handle = runner.submit(job(command))
+    try:
+        deadline = time.monotonic() + 60
+        while (p := runner.progress(handle)) is None or p.timed_steps < 3:
+            assert runner.poll(handle) is None, runner.poll(handle)
+            assert time.monotonic() < deadline, "no progress within 60 s"
+            time.sleep(0.02)
+        assert p.steps == p.timed_steps + 1
+        assert p.step_time_s == pytest.approx(0.05) and p.throughput == pytest.approx(200.0)
+    finally:
+        runner.cancel(handle)
+    assert wait(runner, handle).error == "cancelled"

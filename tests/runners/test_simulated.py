@@ -44,3 +44,43 @@ def test_without_a_clock_jobs_return_at_once() -> None:
     assert SimulatedRunner(time_scale=0.1, steps=20).wall_s(
         _outcome(FITS), WORKLOAD
     ) == pytest.approx(2.0)
+
+
+def test_a_running_job_reports_its_progress_and_a_cancelled_one_what_it_ran() -> None:
+    import time
+
+    from cubic.runners.base import TrialJob
+    from tests.runners.outcomes import wait
+
+    noise = NoiseModel(straggler_prob=0.0, failure_prob=0.0)
+    runner = SimulatedRunner(steps=400, time_scale=0.01, noise=noise)
+    job = TrialJob(
+        trial_id=3, study_id=1, number=0, attempt=1, params=FITS, workload=WORKLOAD.to_dict()
+    )
+    handle = runner.submit(job)
+    deadline = time.monotonic() + 60
+    while (p := runner.progress(handle)) is None or p.timed_steps < 5:
+        assert time.monotonic() < deadline, "no progress within 60 s"
+        time.sleep(0.01)
+    assert p.steps == p.timed_steps + noise.warmup_steps and p.throughput > 0
+    runner.cancel(handle)
+    out = wait(runner, handle)
+    full = run_job(WORKLOAD, FITS, steps=400, noise=noise, seed=3)
+    assert out.state == "failed" and out.error == "cancelled"
+    assert p.steps <= out.metrics["steps"] < 403
+    assert 0 < out.metrics["gpu_hours"] < full.metrics["gpu_hours"]
+    assert out.metrics["tokens_per_s"] == pytest.approx(full.metrics["tokens_per_s"], rel=0.05)
+    runner.close()
+
+
+def test_a_job_that_returns_at_once_shows_no_progress() -> None:
+    from cubic.runners.base import TrialJob
+    from tests.runners.outcomes import wait
+
+    runner = SimulatedRunner()
+    job = TrialJob(
+        trial_id=3, study_id=1, number=0, attempt=1, params=FITS, workload=WORKLOAD.to_dict()
+    )
+    handle = runner.submit(job)
+    assert wait(runner, handle).state in ("complete", "failed")
+    assert runner.progress(handle) is None

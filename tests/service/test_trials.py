@@ -7,6 +7,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import BASELINE, assert_error, create, lease_answer, simulate
@@ -297,3 +298,78 @@ def test_import_adds_finished_history_outside_the_budget(client: TestClient) -> 
     assert_error(
         client.post("/v1/studies/999/trials:import", json={"trials": records}), 404, "NotFound"
     )
+
+
+def _progress(throughput: float, steps: int = 12, std: float = 0.01) -> dict[str, Any]:
+    """A job's progress: ``steps`` steps (3 of warm-up) at ``throughput`` tokens/s."""
+    return {
+        "steps": steps,
+        "timed_steps": steps - 3,
+        "step_time_s": 1.0,
+        "step_time_std_s": std,
+        "throughput": throughput,
+        "elapsed_s": steps + 6.0,
+    }
+
+
+def _beat(client: TestClient, t: dict[str, Any], progress: dict[str, Any]) -> Any:
+    resp = client.post(
+        f"/v1/trials/{t['id']}:heartbeat",
+        json={"lease_token": t["lease_token"], "progress": progress},
+    )
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_a_heartbeat_with_progress_says_when_to_prune(client: TestClient) -> None:
+    study = create(
+        client,
+        baseline=BASELINE,
+        budget={"max_trials": 3, "max_parallel": 1},
+        pruning={"enabled": True},
+    )
+    (base,) = lease(client, study["id"])
+    assert base["number"] == 0  # the baseline runs first
+    assert _beat(client, base, _progress(1.0))["prune"] is None  # the baseline: never
+    done = simulate(study, base["params"])
+    assert report(client, base, **done).status_code == 200
+    best = done["metrics"]["tokens_per_s"]
+
+    (t,) = lease(client, study["id"])
+    assert _beat(client, t, _progress(0.9 * best))["prune"] is None
+    assert _beat(client, t, _progress(0.3 * best, steps=6))["prune"] is None  # 3 timed steps
+    answer = _beat(client, t, _progress(0.3 * best))
+    verdict = answer["prune"]
+    assert answer["state"] == "running" and verdict["method"] == "threshold"
+    assert verdict["best"] == pytest.approx(best) and verdict["trials"] == 1
+    assert verdict["bound"] < verdict["limit"] == pytest.approx(0.8 * best)
+    assert verdict["reason"].startswith("pruned (threshold)")
+    metrics = {"tokens_per_s": verdict["throughput"], "throughput": verdict["throughput"]}
+    pruned = report(client, t, state="pruned", metrics=metrics, error=verdict["reason"])
+    assert pruned.status_code == 200 and pruned.json()["state"] == "pruned"
+    assert client.get(f"/v1/studies/{study['id']}/best").json()["trial"]["id"] == base["id"]
+
+
+def test_without_pruning_progress_is_only_checked(client: TestClient) -> None:
+    study = create(client, budget={"max_trials": 2, "max_parallel": 1})
+    (t,) = lease(client, study["id"])
+    assert report(client, t, **simulate(study, t["params"])).status_code == 200
+    (t,) = lease(client, study["id"])
+    assert _beat(client, t, _progress(1.0))["prune"] is None
+
+
+def test_bad_progress_is_422_naming_the_field(client: TestClient) -> None:
+    study = create(client)
+    (t,) = lease(client, study["id"])
+    url = f"/v1/trials/{t['id']}:heartbeat"
+    for progress, field in [
+        ({"steps": -1}, "progress.steps"),
+        ({"steps": 2, "throughput": 1e30}, "progress.throughput"),
+        ({"steps": 2, "colour": "red"}, "progress.colour"),
+        ({"timed_steps": 1}, "progress.steps"),
+        ({"steps": 2, "timed_steps": 5, "step_time_s": 1.0}, "progress"),
+    ]:
+        body = {"lease_token": t["lease_token"], "progress": progress}
+        resp = assert_error(client.post(url, json=body), 422, "RequestValidationError", field)
+        if field == "progress":
+            assert "timed_steps" in resp["detail"]

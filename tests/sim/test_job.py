@@ -60,3 +60,24 @@ def test_out_of_memory_is_infeasible_with_the_reason() -> None:
     assert out.state == "infeasible"
     assert "out of memory" in out.error.lower()
     assert "OutOfMemoryError" in out.log_tail
+
+
+def test_a_job_step_by_step_ends_where_run_job_does() -> None:
+    """The progress after every step is what the final metrics say; a cut short job reports
+    the steps it ran."""
+    from cubic.sim.job import simulate_job
+
+    job = simulate_job(WL, CFG, steps=20, seed=5)
+    done = run_job(WL, CFG, steps=20, seed=5)
+    assert job.outcome == done and job.times is not None and len(job.times) == 23
+    last = job.progress(23)
+    assert (last.steps, last.timed_steps) == (23, 20)
+    assert last.throughput == pytest.approx(done.metrics["tokens_per_s"])
+    assert last.step_time_s == pytest.approx(done.metrics["step_time_s"])
+    assert job.partial_metrics(23)["gpu_hours"] == pytest.approx(done.metrics["gpu_hours"])
+    early = job.partial_metrics(9)
+    assert early["timed_steps"] == 6 and early["steps"] == 9
+    assert early["gpu_hours"] < done.metrics["gpu_hours"]
+    assert early["tokens_per_s"] == pytest.approx(done.metrics["tokens_per_s"], rel=0.1)
+    assert early["peak_memory_gb"] == done.metrics["peak_memory_gb"]
+    assert "tokens_per_s" not in job.partial_metrics(2)  # only warm-up steps so far

@@ -324,3 +324,25 @@ def test_a_knob_value_no_trial_has_measured_is_an_uncertainty_of_its_own() -> No
     sd_wide = [p.predicted["log_std"] for p in wide.suggest(history, 8)]
     sd_narrow = [p.predicted["log_std"] for p in narrow.suggest(history, 8)]
     assert max(sd_wide) > 0.2 > max(sd_narrow)
+
+
+def test_a_pruned_trial_teaches_the_proxy_its_measured_throughput() -> None:
+    """A trial stopped early for being slow counts as the slow measurement it made: in the
+    training set with its partial throughput, and among the trials the warm-up counts."""
+    study = _study("dlrm_dot_a100x8")
+    strategy = make_strategy(study)
+    history = _run(study, strategy, 8)
+    done = [t for t in history if t.state == TrialState.COMPLETE]
+    slow = done[0]
+    as_pruned = Trial.detached(
+        slow.id, slow.params, TrialState.PRUNED, {**slow.metrics}, error="pruned (threshold)"
+    )
+    pruned_history = [as_pruned if t.id == slow.id else t for t in history]
+    X, y, feasible, _ = strategy._training_set(pruned_history)
+    Xc, yc, fc, _ = strategy._training_set(history)
+    np.testing.assert_array_equal(X, Xc)
+    np.testing.assert_array_equal(feasible, fc)
+    np.testing.assert_array_equal(y, yc)  # the same value, learned the same way
+    assert strategy._value(as_pruned) == strategy._value(slow)
+    without = [t for t in history if t.id != slow.id]
+    assert len(strategy._training_set(without)[1]) == len(yc) - 1
