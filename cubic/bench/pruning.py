@@ -6,7 +6,7 @@ with the default noise, seeded per trial number), once without pruning and once 
 study's ``pruning:`` rule (its defaults when the study has none). With pruning every job runs
 step by step: after each step the rule judges it (:func:`cubic.pruning.judge`) against the
 complete trials finished by then, and a trial it stops frees its worker at once and costs
-only the steps it ran. Without pruning the replay is exactly ``simulate_search``'s.
+only the steps it ran (``simulate_search``'s ``rule``).
 
 What it reports per run: the GPU-hours of every job (the steps each ran, as the jobs report
 them) and the best config found (its true value over the space's optimum), without and with
@@ -18,7 +18,6 @@ when the run with pruning never reached it).
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,141 +28,19 @@ import numpy as np
 
 from cubic.bench.search import (
     StudyInfo,
-    _finished,
-    _trial,
     build_strategy,
-    job_seed,
     landscape,
     load_study,
     parse_seeds,
     score_run,
+    simulate_search,
 )
-from cubic.errors import InvalidInput
 from cubic.objectives import better, number, objective_values
-from cubic.outcome import Outcome
-from cubic.pruning import judge
 from cubic.shipped import SHIPPED_DIR
-from cubic.sim.job import STARTUP_S, NoiseModel, SimulatedJob, job_duration, simulate_job
 from cubic.store.objects import Trial, TrialState
-from cubic.strategies import Strategy
 from cubic.study import PruningSpec, ResolvedStudy
 
 DEFAULT_STUDY = SHIPPED_DIR / "llama3_8b_pruning.study.yaml"
-
-
-def simulate_pruned_search(
-    study: ResolvedStudy,
-    strategy: Strategy,
-    *,
-    seed: int,
-    workers: int = 8,
-    budget: int = 64,
-    noise: NoiseModel | None = None,
-    rule: PruningSpec | None = None,
-) -> list[Trial]:
-    """``simulate_search`` with slow trials stopped early by ``rule`` (None: never)."""
-    if workers < 1 or budget < 1:
-        raise InvalidInput("workers and budget must be at least 1", field="workers")
-    if rule is not None and not rule.enabled:
-        rule = None
-    noise = NoiseModel() if noise is None else noise
-    wl, spec = study.workload, study.spec
-    max_attempts = spec.max_attempts
-    trials: list[Trial] = []
-    jobs: dict[int, SimulatedJob] = {}
-    values: list[float] = []  # objective values of the complete trials within the constraints
-    # (time, number, step, slot): step 0 is the job's end, k > 0 a check after its k-th step
-    # (ties: by trial number, as simulate_search; a check before the end at the same time).
-    events: list[tuple[float, int, int, int]] = []
-    free = list(range(workers))
-    proposed = 0
-
-    running: dict[int, tuple[float, int]] = {}  # number: (start time, worker slot)
-
-    def check_after(number: int, k: int) -> None:
-        sim = jobs[number]
-        if rule is None or sim.times is None or k > len(sim.times):
-            return
-        when = running[number][0] + STARTUP_S + float(sim.times[:k].sum())
-        heapq.heappush(events, (when, number, k, running[number][1]))
-
-    def start(
-        params: dict[str, Any],
-        now: float,
-        *,
-        predicted: dict[str, Any] | None = None,
-        source: str = "strategy",
-        attempt: int = 1,
-        retry_of: int | None = None,
-    ) -> None:
-        slot = heapq.heappop(free)
-        number = len(trials)
-        sim = simulate_job(wl, params, seed=job_seed(seed, number), noise=noise)
-        jobs[number] = sim
-        trials.append(
-            _trial(
-                number,
-                params,
-                source=source,
-                predicted=predicted,
-                worker_id=f"bench-{slot}",
-                attempt=attempt,
-                retry_of=retry_of,
-                start=now,
-            )
-        )
-        running[number] = (now, slot)
-        heapq.heappush(events, (now + job_duration(sim.outcome, wl), number, 0, slot))
-        if rule is not None and sim.times is not None:
-            check_after(number, max(rule.warmup_steps + 1, sim.warmup + max(2, rule.min_steps)))
-
-    def propose(now: float) -> None:
-        nonlocal proposed
-        n = min(len(free), budget - proposed)
-        if n <= 0:
-            return
-        for p in strategy.suggest(list(trials), n)[:n]:
-            start(p.params, now, predicted=p.predicted)
-            proposed += 1
-
-    def finish(number: int, outcome: Outcome, now: float) -> None:
-        heapq.heappush(free, running.pop(number)[1])
-        done = trials[number] = _finished(trials[number], outcome, study, now)
-        if done.state == TrialState.COMPLETE and done.metrics and not done.error:
-            vals = objective_values(spec, done.metrics)
-            if vals is not None:
-                values.append(vals[0])
-        if done.state == TrialState.FAILED and done.attempt < max_attempts:
-            start(
-                done.params,
-                now,
-                predicted=done.predicted,
-                source="retry",
-                attempt=done.attempt + 1,
-                retry_of=done.id,
-            )
-        else:
-            propose(now)
-
-    propose(0.0)
-    while events:
-        now, number, k, _slot = heapq.heappop(events)
-        if number not in running:
-            continue  # the end of a job that was pruned, or a check after it was
-        if k == 0:
-            finish(number, jobs[number].outcome, now)
-            continue
-        assert rule is not None
-        sim = jobs[number]
-        verdict = judge(rule, sim.progress(k), values)
-        if verdict is None or not verdict.prune:
-            check_after(number, k + 1)
-            continue
-        metrics = {**sim.partial_metrics(k), **verdict.metrics()}
-        for o in spec.objectives:  # what the worker reports: the throughput measured so far
-            metrics[o.metric] = metrics.get("throughput", verdict.throughput)
-        finish(number, Outcome("pruned", metrics, error=verdict.reason), now)
-    return trials
 
 
 def gpu_hours(trials: Sequence[Trial]) -> float:
@@ -259,9 +136,7 @@ def compare(
     runs = []
     for r in (None, rule):
         strat, _ = build_strategy(strategy, study, seed)
-        trials = simulate_pruned_search(
-            study, strat, seed=seed, workers=workers, budget=budget, rule=r
-        )
+        trials = simulate_search(study, strat, seed=seed, workers=workers, budget=budget, rule=r)
         scored = score_run(study, info, trials, strategy=strategy, seed=seed, with_tau=False)
         runs.append((trials, scored, _ratios(study, info, trials)))
     (off, off_score, off_ratio), (on, on_score, on_ratio) = runs

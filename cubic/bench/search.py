@@ -90,10 +90,17 @@ from cubic.objectives import (
 from cubic.outcome import Outcome
 from cubic.pareto import hypervolume, non_dominated, oriented, reference_point
 from cubic.sim import SimResult, simulate
-from cubic.sim.job import NoiseModel, job_duration, run_job
+from cubic.sim.job import (
+    STARTUP_S,
+    NoiseModel,
+    SimulatedJob,
+    job_duration,
+    run_job,
+    simulate_job,
+)
 from cubic.store.objects import Trial, TrialState
 from cubic.strategies import REGISTRY, Strategy
-from cubic.study import ResolvedStudy, StrategySpec, load_spec
+from cubic.study import PruningSpec, ResolvedStudy, StrategySpec, load_spec
 from cubic.workload import Workload
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "search_spaces" / "bench"
@@ -385,17 +392,37 @@ def simulate_search(
     workers: int = 8,
     budget: int = 64,
     noise: NoiseModel | None = None,
+    rule: PruningSpec | None = None,
 ) -> list[Trial]:
-    """Replay the asynchronous worker loop; returns every trial (retries included) by number."""
+    """Replay the asynchronous worker loop; returns every trial (retries included) by number.
+
+    With a pruning ``rule`` (enabled) every job runs step by step: after each step the rule
+    judges it (:func:`cubic.pruning.judge`) against the complete trials finished by then, and
+    a trial it stops frees its worker at once and costs only the steps it ran."""
     if workers < 1 or budget < 1:
         raise InvalidInput("workers and budget must be at least 1", field="workers")
+    if rule is not None and not rule.enabled:
+        rule = None
     noise = NoiseModel() if noise is None else noise
-    wl = study.workload
-    max_attempts = study.spec.max_attempts
+    wl, spec = study.workload, study.spec
+    max_attempts = spec.max_attempts
     trials: list[Trial] = []
-    running: list[tuple[float, int, int, Outcome]] = []  # (end, number, slot, outcome)
+    jobs: dict[int, SimulatedJob] = {}
+    values: list[float] = []  # objective values of the complete trials within the constraints
+    # (time, number, step, slot): step 0 is the job's end, k > 0 a check after its k-th step
+    # (ties: by trial number; a check before the end at the same time).
+    events: list[tuple[float, int, int, int]] = []
     free = list(range(workers))
     proposed = 0
+
+    running: dict[int, tuple[float, int]] = {}  # number: (start time, worker slot)
+
+    def check_after(number: int, k: int) -> None:
+        sim = jobs[number]
+        if rule is None or sim.times is None or k > len(sim.times):
+            return
+        when = running[number][0] + STARTUP_S + float(sim.times[:k].sum())
+        heapq.heappush(events, (when, number, k, running[number][1]))
 
     def start(
         params: dict[str, Any],
@@ -408,7 +435,8 @@ def simulate_search(
     ) -> None:
         slot = heapq.heappop(free)
         number = len(trials)
-        outcome = run_job(wl, params, seed=job_seed(seed, number), noise=noise)
+        sim = simulate_job(wl, params, seed=job_seed(seed, number), noise=noise)
+        jobs[number] = sim
         trials.append(
             _trial(
                 number,
@@ -421,7 +449,10 @@ def simulate_search(
                 start=now,
             )
         )
-        heapq.heappush(running, (now + job_duration(outcome, wl), number, slot, outcome))
+        running[number] = (now, slot)
+        heapq.heappush(events, (now + job_duration(sim.outcome, wl), number, 0, slot))
+        if rule is not None and sim.times is not None:
+            check_after(number, max(rule.warmup_steps + 1, sim.warmup + max(2, rule.min_steps)))
 
     def propose(now: float) -> None:
         nonlocal proposed
@@ -432,11 +463,13 @@ def simulate_search(
             start(p.params, now, predicted=p.predicted)
             proposed += 1
 
-    propose(0.0)
-    while running:
-        now, number, slot, outcome = heapq.heappop(running)
-        heapq.heappush(free, slot)
+    def finish(number: int, outcome: Outcome, now: float) -> None:
+        heapq.heappush(free, running.pop(number)[1])
         done = trials[number] = _finished(trials[number], outcome, study, now)
+        if done.state == TrialState.COMPLETE and done.metrics and not done.error:
+            vals = objective_values(spec, done.metrics)
+            if vals is not None:
+                values.append(vals[0])
         if done.state == TrialState.FAILED and done.attempt < max_attempts:
             start(
                 done.params,
@@ -448,6 +481,27 @@ def simulate_search(
             )
         else:
             propose(now)
+
+    propose(0.0)
+    while events:
+        now, number, k, _slot = heapq.heappop(events)
+        if number not in running:
+            continue  # the end of a job that was pruned, or a check after it was
+        if k == 0:
+            finish(number, jobs[number].outcome, now)
+            continue
+        assert rule is not None
+        sim = jobs[number]
+        from cubic.pruning import judge
+
+        verdict = judge(rule, sim.progress(k), values)
+        if verdict is None or not verdict.prune:
+            check_after(number, k + 1)
+            continue
+        metrics = {**sim.partial_metrics(k), **verdict.metrics()}
+        for o in spec.objectives:  # what the worker reports: the throughput measured so far
+            metrics[o.metric] = metrics.get("throughput", verdict.throughput)
+        finish(number, Outcome("pruned", metrics, error=verdict.reason), now)
     return trials
 
 
