@@ -130,7 +130,6 @@ class Tuner:
         *,
         background_fit: bool = False,
         background_propose: bool = False,
-        fills: bool = True,
     ) -> None:
         """``background_fit``: a background thread (the service's) calls :meth:`prefit` as
         trials finish, so that a lease usually finds the study's model already fitted. Either
@@ -139,14 +138,11 @@ class Tuner:
 
         ``background_propose``: a background thread calls :meth:`fill` (the service's), so
         a lease only pops waiting trials and never runs a strategy; without it a lease that
-        finds none proposes them itself.
-
-        ``fills=False``: another process (the service's background one) runs the proposer
-        and keeps the strategies; this one proposes only a created study's first batch."""
+        finds none proposes them itself. Study creation then only wakes the proposer, which
+        prepares the first batch: the request stays milliseconds whatever the space."""
         self.store = store
         self.background_fit = background_fit
         self.background_propose = background_propose
-        self.fills = fills
         self.wake = threading.Event()  # set when a study may need proposals
         self._histories: dict[int, _History] = {}
         self._history_guard = threading.Lock()
@@ -217,14 +213,8 @@ class Tuner:
                 self.store.add_trials(
                     study.id, [resolved.space.complete(params, resolved.context)], source="baseline"
                 )
-            if self.background_fit:  # the background thread prepares its first rounds
-                self._strategy(study.id)
-            if self.background_propose:  # its first batch is ready before the first lease
-                self._fill_held(study.id, None)
-        if self.background_propose and not self.fills:  # the proposer's process keeps the
-            self._strategies.pop(study.id, None)  # strategy, not this one
-            with self._history_guard:
-                self._histories.pop(study.id, None)
+        if self.background_propose:  # the proposer prepares its first batch now, off the
+            self.wake.set()  # request path: a lease before it is ready is told to come back
         return study
 
     def resolved(self, study_id: int) -> ResolvedStudy:
@@ -693,13 +683,12 @@ class Tuner:
 def _refuse_unfit(resolved: ResolvedStudy) -> None:
     """Refuse a study whose space holds no config that the memory estimate says fits: it
     would spend its whole budget finding that out."""
-    from cubic.strategies.candidates import survey, unfit_reason
+    from cubic.strategies.candidates import check_fit
 
     limit = 1.0 - resolved.spec.constraints.memory_headroom
     try:
-        found = survey(resolved.workload, resolved.space, limit=limit)
+        reason = check_fit(resolved.workload, resolved.space, limit=limit)
     except SpaceError as exc:  # sampling found (almost) no valid configuration
         raise InvalidInput(f"space: {exc}", field="space") from exc
-    reason = unfit_reason(found, resolved.workload)
     if reason is not None:
         raise InvalidInput(reason, field="space")

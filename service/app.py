@@ -231,7 +231,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(open_store, config)
         in_process = config.background == "thread"
-        tuner = Tuner(store, background_fit=in_process, background_propose=True, fills=in_process)
+        tuner = Tuner(store, background_fit=in_process, background_propose=True)
         app.state.settings = config
         app.state.store = store
         app.state.tuner = tuner

@@ -25,7 +25,7 @@ import numpy as np
 
 from cubic.proxy.features import featurize, hardware_ok, knows_knobs, numerics
 from cubic.proxy.memory import estimate_ratio
-from cubic.space import Space
+from cubic.space import Space, SpaceError
 from cubic.strategies.base import config_key
 from cubic.workload import Workload
 
@@ -249,6 +249,34 @@ def survey(
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return out
+
+
+QUICK_DRAWS = 4_096
+"""Valid configs :func:`check_fit` samples before it pays for a whole survey."""
+
+
+def check_fit(workload: Workload, space: Space, *, limit: float, seed: int = 0) -> str | None:
+    """Why no config of the space fits by the memory estimate, or None when some do.
+
+    Study creation asks this on the request path, so it answers from a few thousand sampled
+    configs whenever one of them fits (milliseconds); only a space where none of those fits
+    pays for the whole :func:`survey`, which then names the smallest estimate and the knob
+    that helps most."""
+    if knows_knobs(workload.kind, space.names):
+        try:
+            arrays = space.sample_arrays(
+                np.random.default_rng(seed), QUICK_DRAWS, workload.context()
+            )
+        except SpaceError:  # valid configs are rare: the survey enumerates or samples more
+            arrays = {}
+        if arrays and len(next(iter(arrays.values()))):
+            X = featurize(workload, arrays)
+            est = np.where(
+                hardware_ok(workload, X, arrays), estimate_ratio(workload.kind, X), np.inf
+            )
+            if bool((est <= limit).any()):
+                return None
+    return unfit_reason(survey(workload, space, limit=limit), workload)
 
 
 def unfit_reason(survey: Survey, workload: Workload) -> str | None:

@@ -89,9 +89,26 @@ def client(migrated_url: str) -> Iterator[TestClient]:
 
 
 def create(client: TestClient, **overrides: Any) -> dict[str, Any]:
+    """Create a study and wait (bounded) for its first batch, which the background proposer
+    prepares off the request path."""
     resp = client.post("/v1/studies", json=spec(**overrides))
     assert resp.status_code == 201, resp.text
-    return resp.json()
+    study = resp.json()
+    first_batch(client, study["id"])
+    return study
+
+
+def first_batch(client: Any, sid: int, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """The study once its first proposals are stored (or it stopped running)."""
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        got = client.get(f"/v1/studies/{sid}", headers=headers).json()
+        counts, cap = got["progress"]["counts"], got["progress"]["max_trials"]
+        baseline = 1 if got["spec"].get("baseline") else 0
+        if got["state"] != "running" or sum(counts.values()) > min(baseline, cap - 1):
+            return got
+        assert time.monotonic() < deadline, "the first batch was not proposed in time"
+        time.sleep(0.05)
 
 
 _workloads: dict[str, Workload] = {}

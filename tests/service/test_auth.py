@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from cubic.store import Store
 from service.app import create_app
-from tests.service.conftest import BASELINE, service_settings, simulate, spec
+from tests.service.conftest import BASELINE, first_batch, service_settings, simulate, spec
 
 UNAUTHENTICATED = ("none", "revoked", "wrong")
 CALLERS = (
@@ -57,6 +57,7 @@ class World:
         body = spec(name="auth", baseline=BASELINE, budget={"max_trials": 30, "max_parallel": 12})
         self.study = self.call("submitter_own", "POST", "/v1/studies", body).json()
         self.sid = self.study["id"]
+        first_batch(client, self.sid, self.headers["admin"])
         leased = self.call(
             "worker_own",
             "POST",

@@ -13,7 +13,7 @@ import httpx
 
 from cubic.store import Store
 from cubic.store.schema import upgrade
-from tests.service.conftest import spec
+from tests.service.conftest import lease_answer, spec
 from tests.service.faults import api_process
 from tests.service.test_hostile import _space
 
@@ -80,9 +80,7 @@ def test_hostile_requests_against_a_real_process(tmp_path: Path) -> None:
         study = http.post("/v1/studies", json=spec(budget={"max_trials": 8, "max_parallel": 4}))
         assert study.status_code == 201, study.text
         sid = study.json()["id"]
-        (trial,) = http.post(f"/v1/studies/{sid}/trials:lease", json={"worker_id": "w"}).json()[
-            "trials"
-        ]
+        (trial,) = lease_answer(http, sid)["trials"]
 
         probes: list[float] = []
         rss: list[int] = []

@@ -13,6 +13,7 @@ from tests.service.conftest import (
     BASELINE,
     assert_error,
     create,
+    first_batch,
     run_study,
     service_settings,
     spec,
@@ -30,9 +31,10 @@ def test_create_returns_the_study_and_where_it_lives(client: TestClient) -> None
     # The space file was found in the spaces folder and inlined: the study is self-contained.
     assert "tp" in study["spec"]["space"]["parameters"]
 
-    got = client.get(resp.headers["location"]).json()
+    got = first_batch(client, study["id"])
     assert got["id"] == study["id"]
-    # Its first batch was proposed when it was created: the parallel room and one ahead.
+    # Its first batch was proposed after it was created, before any lease: the parallel
+    # room and one ahead.
     assert got["progress"] == {
         "counts": {
             "waiting": 5,
@@ -64,6 +66,7 @@ def test_create_from_yaml(client: TestClient, media: str) -> None:
     assert resp.status_code == 201, resp.text
     study = resp.json()
     assert study["name"] == "yaml-study"
+    first_batch(client, study["id"])
     # The baseline is queued as the first trial.
     first, *proposed = client.get(f"/v1/studies/{study['id']}/trials").json()["items"]
     assert first["source"] == "baseline" and first["params"]["tp"] == 2
