@@ -777,6 +777,12 @@ class HistoryOut(BaseModel):
     metric: str
     direction: Literal["maximize", "minimize"]
     trials: HistoryColumns
+    value2: list[float | None] | None = Field(
+        default=None,
+        description="each trial's measured value of the second objective, in `trials` order "
+        "(complete trials; null for a study of one objective): with `trials.value`, the "
+        "plane the dashboard plots the Pareto front in",
+    )
     kendall_tau: float | None = Field(
         description="Kendall's tau between predicted and measured values of complete trials "
         "(None with fewer than three such pairs)"

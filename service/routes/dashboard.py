@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 
-from cubic.objectives import number, objective_values
+from cubic.objectives import job_gpus, number, objective_values
 from cubic.store.objects import TrialState
 from service.auth import AnyRole
 from service.deps import KindQuery, StoreDep, StudyId, TunerDep
@@ -105,7 +105,8 @@ def _key(value: Any) -> str:
 
 
 def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
-    spec = tuner.resolved(study_id).spec
+    resolved = tuner.resolved(study_id)
+    spec = resolved.spec
     objective = spec.objectives[0]
     minimize = objective.direction == "minimize"
     cols: dict[str, list[Any]] = {k: [] for k in HistoryColumns.model_fields}
@@ -113,11 +114,13 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
     counts: dict[tuple[str, str], list[Any]] = {}  # (knob, value key) -> [value, inf, all]
     errors: Counter[str] = Counter()
     pairs = []  # (predicted, measured) of complete trials with a prediction
+    value2: list[float | None] = []
     for t in tuner.trials(study_id):
-        value = None
+        vals = None
         if t.state == TrialState.COMPLETE and t.metrics and not t.error:
-            vals = objective_values(spec, t.metrics)
-            value = vals[0] if vals else None
+            # as the tuner scores it: a cost the job did not report is derived
+            vals = objective_values(spec, t.metrics, job_gpus(resolved.workload, t.params))
+        value = vals[0] if vals else None
         predicted = _predicted(t.predicted)
         if value is not None:
             values.append((value, t.number, t.params))
@@ -137,6 +140,7 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
         cols["state"].append(t.state)
         cols["source"].append(t.source)
         cols["value"].append(value)
+        value2.append(vals[1] if vals and len(vals) > 1 else None)
         cols["predicted"].append(predicted)
         cols["gpu_hours"].append(number((t.metrics or {}).get("gpu_hours")))
     values.sort(key=lambda v: (v[0] if minimize else -v[0], v[1]))
@@ -148,6 +152,7 @@ def build_history(tuner: Any, study_id: int, top: int) -> HistoryOut:
         metric=objective.metric,
         direction=objective.direction or "maximize",
         trials=HistoryColumns.model_construct(**cols),
+        value2=value2 if len(spec.objectives) > 1 else None,
         kendall_tau=kendall_tau([a for a, _ in pairs], [b for _, b in pairs]),
         n_predicted=len(pairs),
         infeasible_by_value=[

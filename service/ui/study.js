@@ -1,7 +1,8 @@
-// One study: best so far, the trials table (paged by the API), predicted against measured,
-// knob importance, why configurations were infeasible, the best configuration, the top
-// configurations. When every panel is drawn the first time, body[data-rendered] holds the
-// milliseconds since navigation start (what `cubic bench dashboard` reports).
+// One study: best so far, the Pareto front (two objectives or more), the trials table
+// (paged by the API), predicted against measured, knob importance, why configurations were
+// infeasible, the best configuration, the top configurations. When every panel is drawn the
+// first time, body[data-rendered] holds the milliseconds since navigation start (what
+// `cubic bench dashboard` reports).
 import { api, copyButton, el, fmt, LIVE_STATES, plotlyReady, refreshing, toYaml } from "./common.js";
 
 const id = Number(new URLSearchParams(window.location.search).get("id"));
@@ -53,6 +54,129 @@ function bestSoFar(h) {
     Plotly.react("best-by-trial", [line(byTrial)], layout("Best so far by trial", "trial number")),
     Plotly.react("best-by-hours", [line(byHours)], layout("Best so far by GPU-hours", "GPU-hours used")),
   ];
+}
+
+// The Pareto front of a study of two or more objectives, in the plane of the first two:
+// every measured trial (a density beyond DENSITY_POINTS, as predicted against measured),
+// the front's trials (what GET /pareto answers) on top, joined as the staircase that bounds
+// what they dominate. A click on a front point shows its configuration.
+const pareto = { points: [], picked: null, wired: false };
+
+function paretoLabel(o) {
+  return `${o.metric} (${o.direction === "minimize" ? "lower" : "higher"} is better)`;
+}
+
+function paretoValues(p, objectives) {
+  return objectives.map((o) => `${o.metric} ${fmt(p.values[o.metric])}`).join("<br>");
+}
+
+function pickFront(trialId) {
+  const p = pareto.points.find((q) => q.trial.id === trialId);
+  const box = document.getElementById("pareto-config");
+  const line = document.getElementById("pareto-line");
+  pareto.picked = p ? trialId : null;
+  box.hidden = !p;
+  if (!p) {
+    delete line.dataset.trialId;
+    line.textContent = "Click a point of the front for its configuration.";
+    return;
+  }
+  line.dataset.trialId = String(p.trial.id);
+  line.dataset.number = String(p.trial.number);
+  line.textContent =
+    `Trial #${p.trial.number} on the front: ` +
+    Object.entries(p.values).map(([m, v]) => `${m} ${fmt(v)}`).join(", ");
+  showConfig("pareto", p.trial.params);
+}
+
+function paretoFront(h, front) {
+  const panel = document.getElementById("pareto-panel");
+  const box = document.getElementById("pareto");
+  const objectives = front ? front.objectives : [];
+  panel.hidden = objectives.length < 2;
+  if (panel.hidden) {
+    Plotly.purge(box);
+    return Promise.resolve();
+  }
+  const [ox, oy] = objectives;
+  pareto.points = front.points;
+  const note = document.getElementById("pareto-note");
+  note.textContent =
+    `${front.points.length} trials on the front of ${front.n_measured} measured configurations` +
+    (objectives.length > 2
+      ? `; the front is over all ${objectives.length} objectives (${objectives.map((o) => o.metric).join(", ")}), ` +
+        `shown in the plane of the first two, where some of its trials may look dominated.`
+      : ".");
+  note.dataset.objectives = String(objectives.length);
+  const cloud = { x: [], y: [], text: [] };
+  const { number, value } = h.trials;
+  const second = h.value2 || [];
+  for (let i = 0; i < number.length; i++) {
+    if (value[i] === null || second[i] === null || second[i] === undefined) continue;
+    cloud.x.push(value[i]);
+    cloud.y.push(second[i]);
+    cloud.text.push(String(number[i]));
+  }
+  const dense = cloud.x.length > DENSITY_POINTS;
+  const all = dense
+    ? {
+        x: cloud.x,
+        y: cloud.y,
+        type: "histogram2d",
+        nbinsx: 60,
+        nbinsy: 60,
+        colorscale: [[0, "rgba(255,255,255,0)"], [1e-9, "#e5e5e5"], [0.2, "#a0a0a0"], [1, "#404040"]],
+        colorbar: { title: { text: "trials" } },
+        hovertemplate: `${ox.metric} %{x}<br>${oy.metric} %{y}<br>%{z} trials<extra></extra>`,
+        name: "measured",
+      }
+    : {
+        ...cloud,
+        type: "scatter",
+        mode: "markers",
+        marker: { size: 5, color: "#b0b0b0" },
+        hovertemplate: `trial #%{text}<br>${ox.metric} %{x}<br>${oy.metric} %{y}<extra>measured</extra>`,
+        name: "measured",
+      };
+  const points = front.points;
+  const onFront = {
+    x: points.map((p) => p.values[ox.metric]),
+    y: points.map((p) => p.values[oy.metric]),
+    customdata: points.map((p) => p.trial.id),
+    text: points.map((p) => `trial #${p.trial.number}<br>${paretoValues(p, objectives)}`),
+    hovertemplate: "%{text}<extra>Pareto front</extra>",
+    type: "scatter",
+    // Best first by the first objective, so "hv" draws the staircase; over three or more
+    // objectives the front is no staircase in this plane, so its points stand alone.
+    mode: objectives.length > 2 ? "markers" : "lines+markers",
+    line: { shape: "hv", color: "#c01c28", width: 2 },
+    marker: { size: 10, color: "#c01c28", line: { color: "#fff", width: 1 } },
+    name: "Pareto front",
+  };
+  const drawn = Plotly.react(box, [all, onFront], {
+    title: { text: `Pareto front: ${ox.metric} against ${oy.metric}` },
+    xaxis: { title: { text: paretoLabel(ox) } },
+    yaxis: { title: { text: paretoLabel(oy) } },
+    hovermode: "closest",
+    legend: { orientation: "h", y: -0.2 },
+    height: 460,
+  });
+  return drawn.then(() => {
+    if (!pareto.wired) {
+      pareto.wired = true;
+      box.on("plotly_click", (ev) => {
+        // a front trial is drawn twice (measured, and on the front): either one picks it
+        for (const pt of ev.points) {
+          const p =
+            pt.data.name === "Pareto front"
+              ? pareto.points[pt.pointIndex]
+              : pareto.points.find((q) => String(q.trial.number) === pt.text);
+          if (p) return pickFront(p.trial.id);
+        }
+      });
+    }
+    pickFront(pareto.picked); // kept while the trial stays on the front
+  });
 }
 
 function predictedScatter(h) {
@@ -240,12 +364,17 @@ function bestConfig(best) {
     `Trial #${best.trial.number}: ${best.metric} ${fmt(best.value)}` +
     (best.speedup ? `, ${best.speedup.toFixed(3)}× the baseline (${fmt(best.baseline_value)})` : "");
   line.dataset.value = String(best.value);
-  const yaml = toYaml(best.trial.params);
-  const json = JSON.stringify(best.trial.params, null, 2);
-  document.getElementById("best-yaml").textContent = yaml;
-  document.getElementById("best-json").textContent = json;
-  document.getElementById("copy-yaml").replaceChildren(copyButton(() => yaml));
-  document.getElementById("copy-json").replaceChildren(copyButton(() => json));
+  showConfig("best", best.trial.params);
+}
+
+/** A configuration as YAML and JSON, each with a copy button (#<prefix>-yaml, -json). */
+function showConfig(prefix, params) {
+  const yaml = toYaml(params);
+  const json = JSON.stringify(params, null, 2);
+  document.getElementById(`${prefix}-yaml`).textContent = yaml;
+  document.getElementById(`${prefix}-json`).textContent = json;
+  document.getElementById(`${prefix}-copy-yaml`).replaceChildren(copyButton(() => yaml));
+  document.getElementById(`${prefix}-copy-json`).replaceChildren(copyButton(() => json));
 }
 
 function summary(study, best) {
@@ -389,11 +518,14 @@ if (!id) {
   wireTable();
   refreshing(async () => {
     // every request at once: the slowest one, not their sum, is what a load waits for
-    const [study, best, h, imp] = await Promise.all([
-      api(`studies/${id}`),
+    const asked = api(`studies/${id}`);
+    const [study, best, h, imp, front] = await Promise.all([
+      asked,
       api(`studies/${id}/best`, { allow404: true }),
       live ? api(`studies/${id}/history?top=${TOP}`) : Promise.resolve(null),
       live ? api(`studies/${id}/importance`) : Promise.resolve(null),
+      // the front only for two objectives or more (one objective's front is its best)
+      live ? asked.then((s) => (s.spec.objectives.length > 1 ? api(`studies/${id}/pareto`) : null)) : Promise.resolve(null),
       fetchTrials(),
     ]);
     metric = study.spec.objectives ? study.spec.objectives[0].metric : metric;
@@ -403,7 +535,7 @@ if (!id) {
     renderTrials();
     await plotlyReady();
     const drawn = [];
-    if (h) drawn.push(...bestSoFar(h), predictedScatter(h), infeasibility(h), parallel(h));
+    if (h) drawn.push(...bestSoFar(h), paretoFront(h, front), predictedScatter(h), infeasibility(h), parallel(h));
     if (imp) drawn.push(importance(imp));
     await Promise.all(drawn);
     markRendered();

@@ -355,6 +355,124 @@ def test_token_form_when_auth_is_on(
         assert page.locator("#trials tbody tr").count() == 50
 
 
+PARETO_OBJECTIVES = [
+    {"metric": "tokens_per_s", "direction": "maximize"},
+    {"metric": "peak_memory_gb", "direction": "minimize"},
+]
+
+
+@pytest.fixture(scope="module")
+def pareto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, int]]]:
+    """A real service with a study of tokens/s against peak memory and a study of tokens/s
+    alone, their trials leased and reported through the API with simulated results."""
+    _need_browser()
+    from cubic.bench.service import api_server
+    from cubic.store.schema import upgrade
+    from tests.service.conftest import SPACES, first_batch, run_study, spec
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('dashboard-pareto') / 'cubic.db'}"
+    upgrade(db)
+    with (
+        api_server(db, 1, {"CUBIC_SPACES_DIR": str(SPACES)}) as base,
+        httpx.Client(base_url=base, timeout=60) as client,
+    ):
+        ids = {}
+        for name, objectives in (("two", PARETO_OBJECTIVES), ("one", PARETO_OBJECTIVES[:1])):
+            body = spec(name=f"pareto-{name}", budget={"max_trials": 24, "max_parallel": 4})
+            del body["objective"]
+            resp = client.post("/v1/studies", json={**body, "objectives": objectives})
+            assert resp.status_code == 201, resp.text
+            study = resp.json()
+            first_batch(client, study["id"])
+            assert run_study(client, study, count=4) == 24
+            ids[name] = study["id"]
+        yield base, ids
+
+
+def pareto_traces(page: Any) -> list[dict[str, Any]]:
+    """The traces of the Pareto panel: name, type, mode, x, y, trial ids, line shape."""
+    return page.evaluate(
+        """() => document.getElementById('pareto').data.map((t) => ({
+            name: t.name, type: t.type, mode: t.mode, x: Array.from(t.x || []),
+            y: Array.from(t.y || []), ids: Array.from(t.customdata || []),
+            shape: t.line ? t.line.shape : null }))"""
+    )
+
+
+def front_matches_the_api(page: Any, front: dict[str, Any], history: dict[str, Any]) -> None:
+    """The panel draws every measured trial in the plane of the first two objectives and,
+    highlighted, exactly the trials of ``GET /pareto``, joined as a staircase."""
+    x, y = (o["metric"] for o in front["objectives"][:2])
+    measured, on = pareto_traces(page)
+    assert on["name"] == "Pareto front" and on["ids"] == [p["trial"]["id"] for p in front["points"]]
+    assert on["x"] == [p["values"][x] for p in front["points"]]
+    assert on["y"] == [p["values"][y] for p in front["points"]]
+    assert on["mode"] == "lines+markers" and on["shape"] == "hv"
+    plane = [
+        (v, w)
+        for v, w in zip(history["trials"]["value"], history["value2"], strict=True)
+        if v is not None and w is not None
+    ]
+    assert list(zip(measured["x"], measured["y"], strict=True)) == plane
+    assert measured["type"] == ("histogram2d" if len(plane) > 1000 else "scatter")
+    titles = page.evaluate(
+        "() => { const l = document.getElementById('pareto').layout;"
+        " return [l.xaxis.title.text, l.yaxis.title.text]; }"
+    )
+    assert titles == [f"{x} (higher is better)", f"{y} (lower is better)"]
+
+
+def test_pareto_front_panel(
+    pareto_server: tuple[str, dict[str, int]], page: Any, tmp_path: Path
+) -> None:
+    base, ids = pareto_server
+    sid = ids["two"]
+    front = get(base, f"studies/{sid}/pareto")
+    history = get(base, f"studies/{sid}/history")
+    assert len(front["points"]) >= 2 and history["value2"] is not None
+
+    page.goto(f"{base}/ui/study.html?id={sid}")
+    page.wait_for_function("document.body.dataset.rendered", timeout=WAIT_MS)
+    loaded(page)
+    assert page.locator("#pareto-panel").is_visible()
+    assert page.locator("#pareto .main-svg").count() > 0
+    front_matches_the_api(page, front, history)
+    note = page.locator("#pareto-note")
+    assert note.get_attribute("data-objectives") == "2"
+    assert f"{len(front['points'])} trials on the front" in note.text_content()
+
+    # a click on a front point shows that trial's configuration
+    assert page.locator("#pareto-config").is_hidden()
+    picked = front["points"][-1]
+    point = page.locator("#pareto .scatterlayer .trace").nth(1).locator("path.point")
+    assert point.count() == len(front["points"])
+    box = point.nth(len(front["points"]) - 1).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector(
+        f'#pareto-line[data-trial-id="{picked["trial"]["id"]}"]', timeout=WAIT_MS
+    )
+    assert f"#{picked['trial']['number']}" in page.locator("#pareto-line").text_content()
+    params = picked["trial"]["params"]
+    assert yaml.safe_load(page.locator("#pareto-yaml").text_content()) == params
+    assert json.loads(page.locator("#pareto-json").text_content()) == params
+    page.locator("#pareto-panel").screenshot(path=tmp_path / "pareto.png")
+
+
+def test_no_pareto_panel_for_one_objective(
+    pareto_server: tuple[str, dict[str, int]], page: Any
+) -> None:
+    base, ids = pareto_server
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
+    page.goto(f"{base}/ui/study.html?id={ids['one']}")
+    page.wait_for_function("document.body.dataset.rendered", timeout=WAIT_MS)
+    loaded(page)
+    assert page.locator("#best-by-trial .main-svg").count() > 0  # the page drew its plots
+    assert page.locator("#pareto-panel").is_hidden()
+    assert page.locator("#pareto .main-svg").count() == 0
+    assert not any("/pareto" in url for url in asked)
+
+
 BIG_STUDY_TRIALS = 10_000
 
 
