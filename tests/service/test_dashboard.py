@@ -478,14 +478,17 @@ BIG_STUDY_TRIALS = 10_000
 
 @pytest.fixture(scope="module")
 def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """A real service over a finished simulated study of 10,000 trials (written straight
-    through the store, as ``cubic bench dashboard`` does) and a stored proxy model."""
+    """A real service over a finished simulated study of 10,000 trials of tokens/s against
+    peak memory (written straight through the store, as ``cubic bench dashboard`` does) and
+    a stored proxy model."""
     _need_browser()
     from cubic.bench.dashboard import fill_store
     from cubic.bench.service import api_server
+    from tests.service.conftest import SPACES
 
     db = f"sqlite:///{tmp_path_factory.mktemp('dashboard-10k') / 'cubic.db'}"
-    sid = fill_store(db, BIG_STUDY_TRIALS)
+    study = SPACES / "bench_mo" / "llama3_8b_h100x16_memory.study.yaml"
+    sid = fill_store(db, BIG_STUDY_TRIALS, study)
     with api_server(db, 1, {"CUBIC_RETRAIN_EVERY": "100000"}) as base:
         yield base, sid
 
@@ -519,6 +522,12 @@ def test_a_ten_thousand_trial_study_page_draws_every_panel(
     assert page.locator("#predicted-scatter .hm image").count() == 1
     assert page.locator("#predicted-scatter path.point").count() == 0
     figures_match_the_api(page, history, best)
+    # the Pareto front: every trial as a density, the front's few trials as markers on top
+    front = get(base, f"studies/{sid}/pareto")
+    assert 2 <= len(front["points"]) < 200
+    assert page.locator("#pareto .hm image").count() == 1
+    assert page.locator("#pareto path.point").count() == len(front["points"])
+    front_matches_the_api(page, front, history)
     importance_matches_the_api(page, importance)
     assert page.locator("#trials tbody tr").count() == 50
     assert int(page.locator("#trials-range").get_attribute("data-total")) == BIG_STUDY_TRIALS

@@ -20,6 +20,7 @@ def test_history_is_every_trial_compactly(client: TestClient) -> None:
     assert h["metric"] == "tokens_per_s" and h["direction"] == "maximize"
     cols = h["trials"]  # one list per field: lean, 10,000 trials are plotted
     assert set(cols) == {"number", "state", "source", "value", "predicted", "gpu_hours"}
+    assert h["value2"] is None  # one objective: no plane for a Pareto front
     points = [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)]
     assert [p["number"] for p in points] == [t["number"] for t in trials]
     for p, t in zip(points, trials, strict=True):

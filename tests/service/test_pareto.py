@@ -51,6 +51,18 @@ def test_pareto_of_a_two_objective_study(client: TestClient) -> None:
     mem = [p["values"]["peak_memory_gb"] for p in front["points"]]
     assert np.all(np.diff(mem) <= 0)
 
+    # The history the dashboard plots the front over: both objectives of every trial.
+    h = client.get(f"/v1/studies/{sid}/history").json()
+    assert h["trials"]["number"] == [t["number"] for t in trials]
+    plane = {
+        n: (v, w)
+        for n, v, w in zip(h["trials"]["number"], h["trials"]["value"], h["value2"], strict=True)
+    }
+    for t in trials:
+        m = t["metrics"] or {}
+        want = (m["tokens_per_s"], m["peak_memory_gb"]) if t in done else (None, None)
+        assert plane[t["number"]] == want
+
 
 def test_pareto_of_a_single_objective_study_is_its_best(client: TestClient) -> None:
     study = create(client)
