@@ -363,8 +363,9 @@ PARETO_OBJECTIVES = [
 
 @pytest.fixture(scope="module")
 def pareto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, int]]]:
-    """A real service with a study of tokens/s against peak memory and a study of tokens/s
-    alone, their trials leased and reported through the API with simulated results."""
+    """A real service with a study of tokens/s against peak memory, one that adds the cost
+    as a third objective and one of tokens/s alone, their trials leased and reported
+    through the API with simulated results."""
     _need_browser()
     from cubic.bench.service import api_server
     from cubic.store.schema import upgrade
@@ -377,14 +378,19 @@ def pareto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
         httpx.Client(base_url=base, timeout=60) as client,
     ):
         ids = {}
-        for name, objectives in (("two", PARETO_OBJECTIVES), ("one", PARETO_OBJECTIVES[:1])):
-            body = spec(name=f"pareto-{name}", budget={"max_trials": 24, "max_parallel": 4})
+        three = [*PARETO_OBJECTIVES, {"metric": "cost", "direction": "minimize"}]
+        for name, objectives, trials in (
+            ("two", PARETO_OBJECTIVES, 24),
+            ("three", three, 12),
+            ("one", PARETO_OBJECTIVES[:1], 12),
+        ):
+            body = spec(name=f"pareto-{name}", budget={"max_trials": trials, "max_parallel": 4})
             del body["objective"]
             resp = client.post("/v1/studies", json={**body, "objectives": objectives})
             assert resp.status_code == 201, resp.text
             study = resp.json()
             first_batch(client, study["id"])
-            assert run_study(client, study, count=4) == 24
+            assert run_study(client, study, count=4) == trials
             ids[name] = study["id"]
         yield base, ids
 
@@ -456,6 +462,27 @@ def test_pareto_front_panel(
     assert yaml.safe_load(page.locator("#pareto-yaml").text_content()) == params
     assert json.loads(page.locator("#pareto-json").text_content()) == params
     page.locator("#pareto-panel").screenshot(path=tmp_path / "pareto.png")
+
+
+def test_pareto_front_of_three_objectives_in_the_plane_of_two(
+    pareto_server: tuple[str, dict[str, int]], page: Any
+) -> None:
+    """The front over all three objectives, drawn in the first two's plane as markers (no
+    staircase: there it need not be one), and the page says so."""
+    base, ids = pareto_server
+    front = get(base, f"studies/{ids['three']}/pareto")
+    assert len(front["objectives"]) == 3 and front["points"]
+    page.goto(f"{base}/ui/study.html?id={ids['three']}")
+    page.wait_for_function("document.body.dataset.rendered", timeout=WAIT_MS)
+    loaded(page)
+    _, on = pareto_traces(page)
+    assert on["ids"] == [p["trial"]["id"] for p in front["points"]]
+    assert on["x"] == [p["values"]["tokens_per_s"] for p in front["points"]]
+    assert on["y"] == [p["values"]["peak_memory_gb"] for p in front["points"]]
+    assert on["mode"] == "markers"
+    note = page.locator("#pareto-note")
+    assert note.get_attribute("data-objectives") == "3"
+    assert "all 3 objectives" in note.text_content() and "first two" in note.text_content()
 
 
 def test_no_pareto_panel_for_one_objective(
