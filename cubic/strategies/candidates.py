@@ -18,8 +18,9 @@ import hashlib
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -38,13 +39,58 @@ _CACHE: OrderedDict[str, Survey] = OrderedDict()
 _CACHE_SIZE = 4
 
 
+class Configs(Sequence[dict[str, Any]]):
+    """Configs held as a struct of arrays, made into dicts only when read.
+
+    Tens of thousands of candidate dicts cost a process far more memory than their arrays
+    (a dict of 30 knobs per config), and a round reads only the few it proposes."""
+
+    def __init__(self, space: Space, arrays: dict[str, np.ndarray]) -> None:
+        self.space = space
+        self.arrays = arrays
+        self._n = len(next(iter(arrays.values()))) if arrays else 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):
+            return self.rows(np.arange(self._n)[i])
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self.rows(np.array([i % self._n]))[0]
+
+    def rows(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        """The configs at ``rows``, as dicts."""
+        return self.space.from_arrays({k: v[rows] for k, v in self.arrays.items()})
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, self._n, CHUNK):
+            yield from self.rows(np.arange(start, min(self._n, start + CHUNK)))
+
+
+def config_keys(space: Space, arrays: dict[str, np.ndarray]) -> list[str]:
+    """:func:`config_key` of each config (struct of arrays), built a chunk at a time so
+    that the dicts never all exist at once."""
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    out: list[str] = []
+    for start in range(0, n, 10_000):
+        chunk = {k: v[start : start + 10_000] for k, v in arrays.items()}
+        out += [config_key(c) for c in space.from_arrays(chunk)]
+    return out
+
+
 @dataclass(frozen=True)
 class Candidates:
     """Configs with their struct-of-arrays, features, reduced-precision sites and the
     uncorrected memory estimate (share of HBM); ``valid`` counts the valid configs they were
     chosen from and ``exhaustive`` says whether those were the whole space."""
 
-    configs: list[dict[str, Any]]
+    configs: Configs
     keys: list[str]
     arrays: dict[str, np.ndarray]
     X: np.ndarray
@@ -58,10 +104,11 @@ class Candidates:
 
     def take(self, rows: np.ndarray) -> Candidates:
         rows = np.asarray(rows, dtype=int)
+        arrays = {k: v[rows] for k, v in self.arrays.items()}
         return Candidates(
-            [self.configs[i] for i in rows],
+            Configs(self.configs.space, arrays),
             [self.keys[i] for i in rows],
-            {k: v[rows] for k, v in self.arrays.items()},
+            arrays,
             self.X[rows],
             self.N[rows],
             self.estimate[rows],
@@ -222,13 +269,13 @@ def survey(
     if n > want:  # a uniform subset, deterministic for the study
         rows = np.sort(rng.choice(n, want, replace=False))
         arrays, est = {k: v[rows] for k, v in arrays.items()}, est[rows]
-    configs = space.from_arrays(arrays) if len(est) else []
-    keys = [config_key(c) for c in configs]
-    if not exhaustive and configs:  # sampled with replacement: keep each config once
+    keys = config_keys(space, arrays) if len(est) else []
+    if not exhaustive and keys:  # sampled with replacement: keep each config once
         first = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())
         arrays = {k: v[first] for k, v in arrays.items()}
-        configs, keys, est = [configs[i] for i in first], [keys[i] for i in first], est[first]
-    if configs:
+        keys, est = [keys[i] for i in first], est[first]
+    configs = Configs(space, arrays if keys else {})
+    if keys:
         X = featurize(workload, arrays)
         N = numerics(workload, arrays)
     else:

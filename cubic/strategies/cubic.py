@@ -760,7 +760,7 @@ class CubicStrategy(Strategy):
                 if k not in taken:
                     taken.add(k)
                     extra.append(p)
-        pool = [base.configs[i] for i in rows]
+        pool = base.configs.rows(rows)
         X, pos, N = base.X[rows], base_pos[rows], base.N[rows]
         if extra:
             ex = space.to_arrays([p.params for p in extra])

@@ -121,3 +121,36 @@ def test_a_space_with_no_valid_configuration_is_refused(store: Store) -> None:
     with pytest.raises(InvalidInput, match="no valid configuration") as err:
         Tuner(store).create_study(_study("h100_sxm", 64, space=never))
     assert err.value.field == "space"
+
+
+def test_candidates_hold_arrays_and_make_dicts_only_when_read() -> None:
+    """The configs, keys and a subset agree with the arrays they are read from."""
+    from cubic.strategies.base import config_key
+
+    study = _study("h100_sxm", 256).resolve()
+    base = survey(study.workload, study.space, limit=0.95).candidates
+    rows = np.array([0, 7, len(base) - 1])
+    every = study.space.from_arrays(base.arrays)
+    assert base.configs.rows(rows) == [every[i] for i in rows]
+    assert base.configs[-1] == every[-1] and base.configs[2:5] == every[2:5]
+    assert list(base.configs) == every and len(base.configs) == len(every)
+    assert base.keys == [config_key(c) for c in every]
+    sub = base.take(rows)
+    assert list(sub.configs) == [every[i] for i in rows] and sub.keys == [
+        base.keys[i] for i in rows
+    ]
+    with pytest.raises(IndexError):
+        base.configs[len(base)]
+
+
+def test_a_study_is_checked_without_a_whole_survey_when_sampled_configs_fit() -> None:
+    """The creation check answers from a sample when one fits, else from the survey."""
+    from cubic.strategies import candidates
+
+    fits = _study("h100_sxm", 256).resolve()
+    candidates._CACHE.clear()
+    assert candidates.check_fit(fits.workload, fits.space, limit=0.95) is None
+    assert not candidates._CACHE  # no survey was needed
+    unfit = _study("a100_40gb", 16, preset="llama3_405b").resolve()
+    reason = candidates.check_fit(unfit.workload, unfit.space, limit=0.95)
+    assert reason is not None and "GiB per GPU" in reason
