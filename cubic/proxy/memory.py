@@ -257,8 +257,8 @@ class MemoryModel:
         """Probability that each config's peak stays within ``limit`` of HBM."""
         from scipy.special import ndtr
 
-        mean, sd = self.log_ratio(X)
-        z = (math.log(self.limit) - mean) / sd
+        mean, sd = self.log_error(X)
+        z = (math.log(self.limit) - np.log(self.estimate(X)) - mean) / sd
         return ndtr(z)
 
     def fits(self, X: np.ndarray) -> np.ndarray:
