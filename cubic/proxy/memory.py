@@ -18,6 +18,13 @@ standardised features, with a prior that keeps it near zero until data say other
 a handful of trials shift the whole region they stand for (one OOM at ZeRO-1, tp=4 moves
 every similar config) and its predictive spread gives each candidate a probability of
 fitting. Learned attributes end in ``_``.
+
+A job also holds memory the arithmetic does not scale with its shards: the CUDA context,
+communication buffers, the allocator's workspace. A few GB are a rounding error for a
+config near the limit but a fifth of a lean one's peak, which a correction proportional to
+the estimate cannot follow across the range. With ``overhead=True`` the model first fits
+that fixed amount to the reports (:attr:`MemoryModel.overhead_`) and corrects the estimate
+plus it: what a study that *minimises* peak memory needs to rank its leanest configs.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class MemoryModel:
         local_sd: float = 0.03,
         length_scale: float = 2.0,
         local_rows: int = 256,
+        overhead: bool = False,
+        max_overhead: float = 0.1,
     ) -> None:
         self.workload = workload
         self.limit = limit
@@ -81,6 +90,9 @@ class MemoryModel:
         self.local_sd = local_sd
         self.length_scale = length_scale
         self.local_rows = local_rows
+        self.overhead = overhead
+        self.max_overhead = max_overhead
+        self.overhead_ = 0.0
         self.n_measured_ = 0
         self.n_oom_ = 0
         self.center_: np.ndarray | None = None
@@ -91,6 +103,21 @@ class MemoryModel:
         self._columns = 1 + memory_columns(workload.kind)  # past the design's intercept
 
     # -- fitting ---------------------------------------------------------------------------
+    def estimate(self, X: np.ndarray) -> np.ndarray:
+        """The estimate the correction applies to: the arithmetic one plus the fitted fixed
+        overhead (a share of HBM; 0 unless ``overhead``)."""
+        return estimate_ratio(self.workload.kind, X) + self.overhead_
+
+    def _fit_overhead(self, est: np.ndarray, measured: np.ndarray) -> float:
+        """The fixed overhead (share of HBM, 0 to ``max_overhead``) that makes the reports
+        most nearly proportional to the estimate plus it: the least scatter of
+        log(measured / (estimate + overhead)). Three reports at least, else 0."""
+        if len(measured) < 3:
+            return 0.0
+        grid = np.linspace(0.0, self.max_overhead, 101)
+        r = np.log(measured[None, :]) - np.log(est[None, :] + grid[:, None])
+        return float(grid[int(np.argmin(r.var(axis=1)))])
+
     def _design(self, X: np.ndarray) -> np.ndarray:
         assert self.center_ is not None and self.scale_ is not None
         Z = (X - self.center_) / self.scale_
@@ -115,6 +142,18 @@ class MemoryModel:
             raise ValueError(f"X has {len(X)} rows for {len(trials)} trials")
         hbm = self.workload.gpu.hbm_bytes
         est = estimate_ratio(self.workload.kind, X) if len(X) else np.zeros(0)
+        self.overhead_ = 0.0
+        if self.overhead:
+            ran = [
+                (i, peak / hbm)
+                for i, t in enumerate(trials)
+                if t.state in TrialState.MEASURED
+                and (peak := reported_peak_bytes(t.metrics)) is not None
+            ]
+            self.overhead_ = self._fit_overhead(
+                est[[i for i, _ in ran]], np.array([v for _, v in ran], dtype=float)
+            )
+            est = est + self.overhead_
         rows, targets, bounds = [], [], []
         for i, t in enumerate(trials):
             peak = reported_peak_bytes(t.metrics)
@@ -202,9 +241,14 @@ class MemoryModel:
             var = var + np.maximum(self.local_sd**2 - (v**2).sum(axis=0), 0.0)
         return mean, np.sqrt(var)
 
+    def log_ratio(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sd) of the log of each config's peak memory per GPU over HBM."""
+        mean, sd = self.log_error(X)
+        return np.log(self.estimate(X)) + mean, sd
+
     def ratio(self, X: np.ndarray) -> np.ndarray:
         """Corrected peak memory per GPU over HBM."""
-        est = estimate_ratio(self.workload.kind, X)
+        est = self.estimate(X)
         if self.mean_ is None:
             return est
         return est * np.exp(self.log_error(X)[0])
@@ -214,8 +258,7 @@ class MemoryModel:
         from scipy.special import ndtr
 
         mean, sd = self.log_error(X)
-        est = estimate_ratio(self.workload.kind, X)
-        z = (math.log(self.limit) - np.log(est) - mean) / sd
+        z = (math.log(self.limit) - np.log(self.estimate(X)) - mean) / sd
         return ndtr(z)
 
     def fits(self, X: np.ndarray) -> np.ndarray:

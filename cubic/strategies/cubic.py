@@ -110,6 +110,9 @@ class CubicStrategy(Strategy):
         scout_below: float = 0.95,
         novelty_sd: float = 0.03,
         ehvi_samples: int = 32,
+        ehvi_top: int = 512,
+        error_prior_sd: float = 0.1,
+        error_pseudo: float = 4.0,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -141,11 +144,15 @@ class CubicStrategy(Strategy):
         self.scout_below = scout_below
         self.novelty_sd = novelty_sd
         self.ehvi_samples = ehvi_samples
+        self.ehvi_top = ehvi_top
+        self.error_prior_sd = error_prior_sd
+        self.error_pseudo = error_pseudo
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
         self._tau: tuple[int, float] | None = None
         self._memory: tuple[int, MemoryModel, np.ndarray] | None = None
+        self._memory_objective_cache: tuple[int, MemoryModel] | None = None
         # Within one suggest() the history does not change: its memory model is looked up
         # once, not once per pick (each lookup counts the finished trials of the history).
         self._round_memory: MemoryModel | None = None
@@ -205,6 +212,30 @@ class CubicStrategy(Strategy):
         if self._in_round:
             self._round_memory = self._memory[1]
         return self._memory[1]
+
+    def _memory_objective(self, history: Sequence[Trial]) -> MemoryModel:
+        """The memory model that predicts peak memory as an objective (cached per finished
+        trial count): the estimate corrected by this study's reports, as
+        :meth:`_memory_model`, with the fixed overhead every job holds fitted as well
+        (:class:`cubic.proxy.memory.MemoryModel`, ``overhead=True``). What fits is still
+        :meth:`_memory_model`'s call; this one ranks the lean end of a front, where a few GB
+        the arithmetic leaves out are a fifth of the peak."""
+        done = [t for t in history if t.is_finished]
+        if self._memory_objective_cache is None or self._memory_objective_cache[0] != len(done):
+            from cubic.proxy.features import featurize
+            from cubic.proxy.memory import MemoryModel, is_oom, reported_peak_bytes
+
+            useful = [t for t in done if reported_peak_bytes(t.metrics) is not None or is_oom(t)]
+            X = (
+                featurize(self.study.workload, [t.params for t in useful])
+                if useful
+                else np.zeros((0, 0))
+            )
+            base = self._candidates()[0]
+            ref = base.X if len(base) >= 16 else None
+            model = MemoryModel(self.study.workload, limit=self._limit, overhead=True)
+            self._memory_objective_cache = (len(done), model.fit(X, useful, ref))
+        return self._memory_objective_cache[1]
 
     def _invalid_regions(self, history: Sequence[Trial]) -> list[dict[str, Any]]:
         """What each invalid trial (infeasible, not out of memory: an option the framework
@@ -966,7 +997,7 @@ class CubicStrategy(Strategy):
         """(mean, sd) of each candidate's log objective values (columns: the objectives),
         and which columns share the throughput's uncertainty: every objective that follows
         the throughput from the proxy's prediction of it, peak memory from the memory model
-        (the arithmetic estimate corrected by this study's reports)."""
+        (:meth:`_memory_objective`)."""
         objectives = self.study.spec.objectives
         offsets = self._objective_offsets(history)
         m = np.zeros((len(X), len(objectives)))
@@ -974,18 +1005,58 @@ class CubicStrategy(Strategy):
         shared = np.zeros(len(objectives), dtype=bool)
         for i, o in enumerate(objectives):
             if o.metric == MEMORY_METRIC:
-                from cubic.proxy.memory import estimate_ratio
-
-                err, err_sd = self._memory_model(history).log_error(X)
-                hbm_gb = self.study.workload.gpu.hbm_bytes / 1e9
-                est = estimate_ratio(self.study.workload.kind, X)
-                m[:, i] = np.log(est) + err + np.log(hbm_gb)
-                s[:, i] = err_sd
+                log_ratio, s[:, i] = self._memory_objective(history).log_ratio(X)
+                m[:, i] = log_ratio + np.log(self.study.workload.gpu.hbm_bytes / 1e9)
             else:
                 m[:, i] = THROUGHPUT_POWER[o.metric] * mu + offsets[i]
                 s[:, i] = sd
                 shared[i] = True
         return m, s, shared
+
+    def _worst_acceptable(self) -> np.ndarray:
+        """Per objective, the worst value a config within the study's constraints can have
+        (NaN where none is known): for peak memory, the share of HBM a config may use.
+
+        The front's extremes count only if the reference point lies beyond them. The rule
+        of :func:`cubic.pareto.reference_point` sets it from the fronts measured and
+        predicted so far, so while the proxy overrates the configs in the middle of the
+        range, the fastest configs (those that spend the most memory) lie beyond it and are
+        never worth a trial. A bound the constraints set is where a front can end, whatever
+        the models believe, and the reference lies at least that far out."""
+        out = np.full(len(self.study.spec.objectives), np.nan)
+        for i, o in enumerate(self.study.spec.objectives):
+            if o.metric == MEMORY_METRIC and o.direction == "minimize":
+                out[i] = self._limit * self.study.workload.gpu.hbm_bytes / 1e9
+        return out
+
+    def _prediction_error(self, history: Sequence[Trial]) -> float:
+        """How far off the proxy's throughput predictions have been on this study (log
+        scale): the root mean square of log(measured / predicted) over the model-guided
+        trials measured so far, pooled with ``error_pseudo`` prior trials at
+        ``error_prior_sd``.
+
+        A proxy fitted on a dozen trials agrees with itself (the boosted members and the GP
+        see the same rows) far more than with the jobs: on configs unlike the measured ones
+        it can be 30 % off with a spread of 3 %. Chosen for their high predictions, such
+        picks are the ones it overrates most; what its past picks measured says how far to
+        trust the results of those still running."""
+        spec, wl = self.study.spec, self.study.workload
+        i = self._learned_objective()
+        sq = 0.0
+        count = 0
+        for t in history:
+            pred = t.predicted or {}
+            if t.state != TrialState.COMPLETE or pred.get("phase") != "model":
+                continue
+            values = pred.get("values")
+            vals = objective_values(spec, t.metrics or {}, job_gpus(wl, t.params))
+            if not values or vals is None or vals[i] <= 0 or values[i] <= 0:
+                continue
+            r = np.log(vals[i] / values[i]) / THROUGHPUT_POWER[spec.objectives[i].metric]
+            sq += float(r) ** 2
+            count += 1
+        prior = self.error_pseudo * self.error_prior_sd**2
+        return float(np.sqrt((prior + sq) / (self.error_pseudo + count)))
 
     def _guided_front(
         self,
@@ -996,19 +1067,29 @@ class CubicStrategy(Strategy):
         rng: np.random.Generator,
     ) -> list[Proposal]:
         """A model-guided round of a study of two or more objectives: greedy batch expected
-        hypervolume improvement over the measured front.
+        hypervolume improvement over the measured front, with the pending results fantasised.
 
         Each candidate's objective values are drawn ``ehvi_samples`` times from the models'
         predictions (the throughput's spread, novelty included, shared by every objective
-        that follows it; the memory model's for peak memory), and its expected improvement
-        of the front's hypervolume is the mean over the draws, times the probabilities of
-        running and of fitting as in the single-objective rounds. The reference point is the
-        rule of :func:`cubic.pareto.reference_point` applied to the measured front together
-        with the front the models predict over the candidates, so that both ends of the
-        front (the fastest config, the leanest) are worth reaching. After each pick its
-        predicted values join the front (a believed result), so the batch spreads along the
-        front instead of crowding one gap."""
-        from cubic.pareto import improvement_2d, non_dominated, oriented, reference_point
+        that follows it; peak memory from :meth:`_memory_objective`), and its expected
+        improvement of the front's hypervolume is the mean over the draws, times the
+        probabilities of running and of fitting as in the single-objective rounds. The
+        reference point is the rule of :func:`cubic.pareto.reference_point` applied to the
+        measured front together with the front the models predict over the candidates, and
+        at least as far out as the constraints allow (:meth:`_worst_acceptable`), so that
+        both ends of the front (the fastest config, the leanest) are worth reaching.
+
+        Running trials and each pick of the batch join the front as fantasies: in each draw
+        their values are drawn from their predictions, with the spread the proxy's picks
+        have measured on this study (:meth:`_prediction_error`), independently of the
+        candidate's (as q-EHVI integrates over pending points). A believed result at its
+        mean would let the picks the proxy overrates most (the likeliest ones to be picked)
+        shut the batch out of the whole region they seem to dominate, and push the next picks
+        to still more overrated configs; a fantasy dominates only in the draws where it
+        does. (The candidates keep the proxy's own spread: widened as much, every upside
+        would outweigh the measured front and the batch would chase the middle of the
+        range.)"""
+        from cubic.pareto import non_dominated, oriented, reference_point
 
         directions = self._directions()
         if len(directions) != 2:
@@ -1027,20 +1108,22 @@ class CubicStrategy(Strategy):
             novel = self._novelty(valued, pos)
             sd = np.sqrt(sd**2 + novel * self.novelty_sd**2)
         m, s, shared = self._predicted_objectives(history, mu, sd, X)
+        # A fantasy's spread is what the proxy's picks have measured, not its own belief.
+        extra = self._prediction_error(history)
+        s_pending = np.where(shared[None, :], np.sqrt(s**2 + extra**2), s)
         sign = np.array([1.0 if d == "maximize" else -1.0 for d in directions])
         mean_pts = oriented(np.exp(m), directions)
         bounded, fresh = self._bound_check(history, N)
         likely = (p >= self.min_feasible) & bounded & (p_fit >= 0.5)
         basis = mean_pts[likely] if likely.any() else mean_pts
         ref = reference_point(np.concatenate([measured_pts, basis[non_dominated(basis)]]))
+        ref = np.fmin(ref, sign * self._worst_acceptable())
         # Draws: common random numbers across candidates (the same z for every row), one
         # shared draw for the throughput's objectives and one for memory's.
         k = max(1, int(self.ehvi_samples))
         z_thr = rng.standard_normal(k)
         z_mem = rng.standard_normal(k)
         z = np.where(shared[None, :], z_thr[:, None], z_mem[:, None])  # (k, objectives)
-        draws = sign * np.exp(m[:, None, :] + s[:, None, :] * z[None, :, :])  # (N, k, m)
-        flat = draws.reshape(-1, 2)
         weight = (
             np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
@@ -1055,15 +1138,36 @@ class CubicStrategy(Strategy):
             else np.zeros(len(X), dtype=bool)
         )
         front = measured_pts[non_dominated(measured_pts)] if len(measured_pts) else measured_pts
-        # Running trials count as believed results: the batch does not repeat their gain.
+
+        def fantasies(m_rows: np.ndarray, s_rows: np.ndarray) -> np.ndarray:
+            """(k, rows, 2) draws of pending results, independent of the candidates'."""
+            zt = rng.standard_normal((k, len(m_rows), 1))
+            zm = rng.standard_normal((k, len(m_rows), 1))
+            zp = np.where(shared[None, None, :], zt, zm)
+            return sign * np.exp(m_rows[None, :, :] + s_rows[None, :, :] * zp)
+
+        pending = np.zeros((k, 0, 2))
         if running:
-            mr, _ = model.predict_log(Xr)
-            mr_obj, _, _ = self._predicted_objectives(history, mr, np.zeros(len(mr)), Xr)
-            front = np.concatenate([front, oriented(np.exp(mr_obj), directions)])
+            assert Xr is not None
+            mr, sr = model.predict_log(Xr)
+            mr_obj, sr_obj, _ = self._predicted_objectives(
+                history, mr, np.sqrt(sr**2 + extra**2), Xr
+            )
+            pending = fantasies(mr_obj, sr_obj)
+        # The first pick's score against the measured front alone bounds every later one
+        # (a fantasy only ever covers more), so the batch is chosen among the best ``top``.
+        base = self._ehvi(m, s, z, sign, front, pending, ref, np.arange(len(pool)))
+        first = (base + 1e-12) * weight
+        if np.any(likely):
+            first = np.where(likely, first, first * 1e-6)
+        first = np.where(waiting, first * 1e-3, first)
+        top = np.argsort(-first, kind="stable")[: max(self.ehvi_top, n)]
         out: list[Proposal] = []
-        alive = np.ones(len(pool), dtype=bool)
+        alive = np.zeros(len(pool), dtype=bool)
+        alive[top] = True
+        ehvi = np.full(len(pool), -1.0)
+        ehvi[top] = base[top]
         for _ in range(min(n, len(pool))):
-            ehvi = improvement_2d(flat, front, ref).reshape(len(pool), k).mean(axis=1)
             score = (ehvi + 1e-12) * weight
             if np.any(likely & alive):
                 score = np.where(likely, score, score * 1e-6)
@@ -1074,11 +1178,39 @@ class CubicStrategy(Strategy):
                 break
             out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "ehvi", score[j]))
             alive[j] = False
-            front = np.concatenate([front, mean_pts[j : j + 1]])
+            pending = np.concatenate(
+                [pending, fantasies(m[j : j + 1], s_pending[j : j + 1])], axis=1
+            )
+            rows = np.flatnonzero(alive)
+            ehvi[rows] = self._ehvi(m, s, z, sign, front, pending, ref, rows)
             waiting = waiting | self._deferred(history, X, p_fit, X[j : j + 1])
             if fresh[j].any():  # that untested site is now in flight: one trial at a time
                 weight = np.where((fresh & fresh[j]).any(axis=1), weight * 1e-6, weight)
         return out
+
+    @staticmethod
+    def _ehvi(
+        m: np.ndarray,
+        s: np.ndarray,
+        z: np.ndarray,
+        sign: np.ndarray,
+        front: np.ndarray,
+        pending: np.ndarray,
+        ref: np.ndarray,
+        rows: np.ndarray,
+    ) -> np.ndarray:
+        """The mean hypervolume improvement of candidates ``rows`` (log means ``m``, spreads
+        ``s``, draws ``z`` of shape (k, objectives)) over ``front`` together with the k
+        fantasies of the ``pending`` results (k, pending, objectives)."""
+        from cubic.pareto import improvement_2d
+
+        if not len(rows):
+            return np.zeros(0)
+        total = np.zeros(len(rows))
+        for d in range(len(z)):
+            draw = sign * np.exp(m[rows] + s[rows] * z[d][None, :])
+            total += improvement_2d(draw, np.concatenate([front, pending[d]]), ref)
+        return total / len(z)
 
     def _guided_scalarised(
         self,

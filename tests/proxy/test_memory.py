@@ -148,3 +148,32 @@ def test_a_measured_config_teaches_its_close_neighbours_exactly() -> None:
     assert np.median(model.ratio(X[far]) / est[far]) == pytest.approx(0.95, abs=0.01)
     # The neighbour's outcome is what the scout will tell: strongly correlated.
     assert model.correlation(Xt, X[[odd]])[0, 0] > 0.5
+
+
+def test_a_fixed_overhead_is_fitted_so_that_lean_configs_are_ranked_right() -> None:
+    """Every job holds 3 GB the arithmetic leaves out: fitted from reports of configs near
+    the limit, the overhead carries to the leanest configs, where a correction proportional
+    to the estimate misses it by a fifth; without ``overhead`` the model stays as it was."""
+    study = _study("llama3_8b", n=16)
+    arrays = study.space.sample_arrays(np.random.default_rng(1), 20_000, study.context)
+    X = featurize(study.workload, arrays)
+    hbm_gb = study.workload.gpu.hbm_bytes / 1e9
+    est = estimate_ratio("llm", X)
+    heavy = np.flatnonzero((est > 0.4) & (est < 0.9))[:12]
+    lean = np.flatnonzero(est < 0.2)[:200]
+    assert len(heavy) == 12 and len(lean) >= 50
+    configs = study.space.from_arrays({k: v[heavy] for k, v in arrays.items()})
+    trials = [
+        _complete(i, c, est[r] * hbm_gb + 3.0)
+        for i, (c, r) in enumerate(zip(configs, heavy, strict=True))
+    ]
+    plain = MemoryModel(study.workload).fit(X[heavy], trials, reference=X)
+    fitted = MemoryModel(study.workload, overhead=True).fit(X[heavy], trials, reference=X)
+    assert plain.overhead_ == 0.0
+    assert fitted.overhead_ * hbm_gb == pytest.approx(3.0, abs=0.3)
+    truth = est[lean] * hbm_gb + 3.0
+    err_plain = np.abs(np.log(plain.ratio(X[lean]) * hbm_gb / truth))
+    err_fitted = np.abs(np.log(fitted.ratio(X[lean]) * hbm_gb / truth))
+    assert np.median(err_fitted) < 0.03 < np.median(err_plain)
+    mean, _ = fitted.log_ratio(X[lean])
+    assert np.allclose(np.exp(mean), fitted.ratio(X[lean]))
