@@ -20,7 +20,13 @@ from cubic.worker import MAX_POLL_ERRORS, Worker
 
 
 def _study(client: CubicClient, trials: int, parallel: int = 4) -> int:
-    return client.create_study(study_spec(trials, parallel, "random"))["id"]
+    """A random study, once the background proposer has stored its first batch."""
+    sid = int(client.create_study(study_spec(trials, parallel, "random"))["id"])
+    deadline = time.monotonic() + 120
+    while not any(client.get_study(sid)["progress"]["counts"].values()):
+        assert time.monotonic() < deadline, "the first batch was not proposed within 120 s"
+        time.sleep(0.05)
+    return sid
 
 
 def test_workers_run_a_study_to_completion(url: str) -> None:
