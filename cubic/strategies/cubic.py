@@ -195,18 +195,8 @@ class CubicStrategy(Strategy):
             return self._round_memory
         done = [t for t in history if t.is_finished]
         if self._memory is None or self._memory[0] != len(done):
-            from cubic.proxy.features import featurize
-            from cubic.proxy.memory import MemoryModel, is_oom, reported_peak_bytes
-
-            useful = [t for t in done if reported_peak_bytes(t.metrics) is not None or is_oom(t)]
-            X = (
-                featurize(self.study.workload, [t.params for t in useful])
-                if useful
-                else np.zeros((0, 0))
-            )
+            model = self._fit_memory(done, overhead=False)
             base = self._candidates()[0]
-            ref = base.X if len(base) >= 16 else None
-            model = MemoryModel(self.study.workload, limit=self._limit).fit(X, useful, ref)
             ok = self._check(model, base.X) & ~self._in_invalid_region(history, base.arrays)
             self._memory = (len(done), model, ok)
         if self._in_round:
@@ -222,20 +212,25 @@ class CubicStrategy(Strategy):
         the arithmetic leaves out are a fifth of the peak."""
         done = [t for t in history if t.is_finished]
         if self._memory_objective_cache is None or self._memory_objective_cache[0] != len(done):
-            from cubic.proxy.features import featurize
-            from cubic.proxy.memory import MemoryModel, is_oom, reported_peak_bytes
-
-            useful = [t for t in done if reported_peak_bytes(t.metrics) is not None or is_oom(t)]
-            X = (
-                featurize(self.study.workload, [t.params for t in useful])
-                if useful
-                else np.zeros((0, 0))
-            )
-            base = self._candidates()[0]
-            ref = base.X if len(base) >= 16 else None
-            model = MemoryModel(self.study.workload, limit=self._limit, overhead=True)
-            self._memory_objective_cache = (len(done), model.fit(X, useful, ref))
+            self._memory_objective_cache = (len(done), self._fit_memory(done, overhead=True))
         return self._memory_objective_cache[1]
+
+    def _fit_memory(self, done: Sequence[Trial], *, overhead: bool) -> MemoryModel:
+        """The memory estimate fitted to the finished trials that say something of memory
+        (a reported peak, or an out-of-memory end)."""
+        from cubic.proxy.features import featurize
+        from cubic.proxy.memory import MemoryModel, is_oom, reported_peak_bytes
+
+        useful = [t for t in done if reported_peak_bytes(t.metrics) is not None or is_oom(t)]
+        X = (
+            featurize(self.study.workload, [t.params for t in useful])
+            if useful
+            else np.zeros((0, 0))
+        )
+        base = self._candidates()[0]
+        ref = base.X if len(base) >= 16 else None
+        model = MemoryModel(self.study.workload, limit=self._limit, overhead=overhead)
+        return model.fit(X, useful, ref)
 
     def _invalid_regions(self, history: Sequence[Trial]) -> list[dict[str, Any]]:
         """What each invalid trial (infeasible, not out of memory: an option the framework
