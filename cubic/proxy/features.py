@@ -263,6 +263,18 @@ _DLRM_MEMORY = (
 )
 
 
+#: The knobs' own columns (log2 degrees, one-hot choices, switches), before the workload's
+#: and the arithmetic's: where a knob's effect is additive enough to carry across layouts.
+_LLM_KNOBS = _LLM_NAMES[: _LLM_NAMES.index("fp8_sites") + 1]
+_DLRM_KNOBS = _DLRM_NAMES[: _DLRM_NAMES.index("allow_tf32") + 1]
+
+
+def knob_columns(kind: str) -> np.ndarray:
+    """Indices (into :func:`feature_names`) of the knobs' own columns."""
+    names = feature_names(kind)
+    return np.array([names.index(n) for n in _for_kind(kind, _LLM_KNOBS, _DLRM_KNOBS)])
+
+
 def memory_columns(kind: str) -> np.ndarray:
     """Indices (into :func:`feature_names`) of the columns memory depends on."""
     names = feature_names(kind)

@@ -13,7 +13,9 @@ fit in memory. Four parts:
 * a Gaussian process over the same features (:mod:`cubic.proxy.gp`), fitted on the newest
   ``gp_rows`` trials of the study it ranks and blended into the mean with weight
   ``gp_weight``: the trees alone tie configurations that fall in one leaf, which with a few
-  dozen trials is most of them;
+  dozen trials is most of them; with ``gp_linear`` its kernel has a linear part in the knobs'
+  own columns, so that a switch's effect measured in some layouts carries over to a layout
+  measured only without it;
 * an XGBoost classifier of feasibility (ran vs. out of memory or invalid).
 
 When the model knows its workload kind, it learns log throughput relative to the roofline
@@ -35,7 +37,7 @@ import numpy as np
 import xgboost as xgb
 from sklearn.base import BaseEstimator
 
-from cubic.proxy.features import OFFSET, feature_names
+from cubic.proxy.features import OFFSET, feature_names, knob_columns
 from cubic.proxy.gp import KernelModel
 
 FORMAT = "cubic.proxy_model/1"
@@ -78,6 +80,7 @@ class ProxyModel(BaseEstimator):
         max_bin: int = 256,
         gp_weight: float = 0.7,
         gp_rows: int = 128,
+        gp_linear: bool = True,
         classifier_rows: int = 4000,
         seed: int = 0,
         n_jobs: int = 1,
@@ -96,6 +99,7 @@ class ProxyModel(BaseEstimator):
         self.max_bin = max_bin
         self.gp_weight = gp_weight
         self.gp_rows = gp_rows
+        self.gp_linear = gp_linear
         self.classifier_rows = classifier_rows
         self.seed = seed
         self.n_jobs = n_jobs
@@ -248,7 +252,10 @@ class ProxyModel(BaseEstimator):
         mine = _study_rows(groups, g, ok, gp_group)
         if float(self.gp_weight) > 0 and len(mine) >= GP_MIN_ROWS:
             newest = mine[-int(self.gp_rows) :]
-            self.gp_ = KernelModel(self.seed).fit(Xf[newest], target[newest])
+            linear = None
+            if self.gp_linear:
+                linear = knob_columns(self.kind) if self.kind else np.arange(X.shape[1])
+            self.gp_ = KernelModel(self.seed, linear=linear).fit(Xf[newest], target[newest])
         self.n_train_ = len(y)
         self.n_feasible_ = int(ok.sum())
         self.p_feasible_ = float(feasible.mean())
@@ -308,6 +315,15 @@ class ProxyModel(BaseEstimator):
             mean = (1.0 - w) * mean + w * gp_mean
             std = np.sqrt((1.0 - w) * std**2 + w * gp_std**2)
         return mean + self._offset(X), std
+
+    def familiarity(self, X: Any) -> np.ndarray:
+        """How close each row is to the study's measured rows in the Gaussian process's
+        learned metric (see :meth:`cubic.proxy.gp.KernelModel.familiarity`); 0 without one."""
+        self._check_fitted()
+        X = self._check_X(X, fitted=True)
+        if self.gp_ is None:
+            return np.zeros(len(X))
+        return self.gp_.familiarity(X)
 
     def predict(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, std)``: throughput (the trials' unit, e.g. tokens/s) and its uncertainty.

@@ -24,10 +24,13 @@ proposed. Then two explicit phases:
    whose memory is in doubt waits while a running job close to it in memory will settle
    that doubt. No prediction is trusted closer than ``ei_floor`` (3 %, the scale of the
    proxy's error on configs it has not seen), so the improvement a config may bring is
-   never rounded to nothing, and each knob value no trial of the study has measured yet (a
-   tp it has not run) adds ``novelty_sd`` to the spread: the models copy such a value's
-   effect from the nearest measured one, and would otherwise keep the search on the layouts
-   it measured first.
+   never rounded to nothing, except as far as the GP's learned metric puts the config next
+   to a measured one (``familiar_floor``: the floor times sqrt(1 - c^2) for the kernel's
+   largest correlation c with a measured trial), so that flipping switches that have not
+   mattered is not worth trial after trial; and each knob value no trial of the study has
+   measured yet (a tp it has not run) adds ``novelty_sd`` to the spread: the models copy
+   such a value's effect from the nearest measured one, and would otherwise keep the search
+   on the layouts it measured first.
 
 Both phases respect a study's numerical-error bound before any trial breaks it: an additive
 model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
@@ -73,6 +76,9 @@ _TRANSFER_CACHE: dict[str, float] = {}
 #: How a round scores candidates: expected improvement over the best measured value, or an
 #: upper confidence bound (see :meth:`CubicStrategy._guided`).
 ACQUISITIONS = ("portfolio", "ei", "ucb")
+#: A two-objective study's picks for the front's fast end, named by the single-objective
+#: acquisition that chose them (see ``front_anchor``).
+ANCHORS = {"ei": "anchor-ei", "ucb": "anchor-ucb"}
 
 
 class CubicStrategy(Strategy):
@@ -107,10 +113,12 @@ class CubicStrategy(Strategy):
         memory_power: float = 1.0,
         acquisition: str = "portfolio",
         ei_floor: float = 0.03,
+        familiar_floor: bool = True,
         scout_below: float = 0.95,
         novelty_sd: float = 0.03,
         ehvi_samples: int = 32,
         ehvi_top: int = 512,
+        front_anchor: int = 4,
         error_prior_sd: float = 0.1,
         error_pseudo: float = 4.0,
         **options: Any,
@@ -141,10 +149,12 @@ class CubicStrategy(Strategy):
             raise ValueError(f"acquisition must be one of {ACQUISITIONS}, got {acquisition!r}")
         self.acquisition = acquisition
         self.ei_floor = ei_floor
+        self.familiar_floor = familiar_floor
         self.scout_below = scout_below
         self.novelty_sd = novelty_sd
         self.ehvi_samples = ehvi_samples
         self.ehvi_top = ehvi_top
+        self.front_anchor = front_anchor
         self.error_prior_sd = error_prior_sd
         self.error_pseudo = error_pseudo
         self._sites: int | None = None
@@ -857,16 +867,56 @@ class CubicStrategy(Strategy):
         model = self.proxy or (self._fit(history) if self.allow_fit else None)
         if model is None:
             return self._space_filling(history, n, seen, rng)
-        from cubic.proxy.features import featurize
-
         if len(self.study.spec.objectives) > 1:
             return self._guided_front(model, history, n, seen, rng)
         pool, X, pos, N = self._pool(history, seen, rng)
         if not pool:  # every runnable config has been tried
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
-        p = model.feasible(X)
-        p_fit = self._p_fit(history, X)
+        picker = self._throughput_picker(model, history, X, pos, N, mu, sd, model.feasible(X))
+        done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
+        out: list[Proposal] = []
+        direction = self.study.spec.objectives[0].direction
+        for i in range(min(n, len(pool))):
+            j, name, score = picker.pick(done + i)
+            pred = float(np.exp(mu[j]))
+            out.append(
+                Proposal(
+                    pool[j],
+                    {
+                        "phase": "model",
+                        "value": pred if direction == "maximize" else 1.0 / pred,
+                        "log_std": float(picker.sd[j]),
+                        "p_feasible": float(picker.p[j]),
+                        "p_fit": float(picker.p_fit[j]),
+                        "acquisition": name,
+                        "score": score,
+                    },
+                )
+            )
+            picker.taken(j)
+        return out
+
+    def _throughput_picker(
+        self,
+        model: ProxyModel,
+        history: Sequence[Trial],
+        X: np.ndarray,
+        pos: np.ndarray,
+        N: np.ndarray,
+        mu: np.ndarray,
+        sd: np.ndarray,
+        p: np.ndarray,
+        p_fit: np.ndarray | None = None,
+    ) -> _Picker:
+        """The single-objective acquisition over a pool (features ``X``, knob-rank
+        positions ``pos``, reduced-precision sites ``N``, the proxy's log-throughput ``mu``
+        and ``sd``, probability of running ``p``): constrained expected improvement taking
+        turns with the upper bound, as the module docstring says, with a diverse batch."""
+        from cubic.proxy.features import featurize
+
+        if p_fit is None:
+            p_fit = self._p_fit(history, X)
         # Before this study has measured anything, the trees' spread says how the prior
         # workloads disagree, not where this one's optimum may be: rank by the prediction,
         # and let the wider radius below hedge the batch.
@@ -879,7 +929,11 @@ class CubicStrategy(Strategy):
         ucb = mu + (self.kappa if measured else self.borrowed_kappa) * sd
         gains = {"ucb": np.exp(ucb - ucb.max())}
         if measured and self.acquisition in ("ei", "portfolio"):
-            floor = np.maximum(sd, self.ei_floor)
+            # The floor is for what the models cannot know: a config close to a measured
+            # one in the GP's learned metric (a switch that has not mattered flipped) keeps
+            # the GP's own spread.
+            fam = model.familiarity(X) if self.familiar_floor else np.zeros(len(X))
+            floor = np.maximum(sd, self.ei_floor * np.sqrt(np.clip(1.0 - fam**2, 0.0, 1.0)))
             ei = _expected_improvement(mu, floor, float(np.log(max(values))))
             gains["ei"] = ei + 1e-12 * gains["ucb"]
         # The portfolio takes turns: one proposal by expected improvement, the next by the
@@ -895,9 +949,6 @@ class CubicStrategy(Strategy):
         )
         bounded, fresh = self._bound_check(history, N)  # fresh: untested sites, per row
         likely = (p >= self.min_feasible) & bounded
-        # Before this study has measured anything, the ranking is borrowed from other
-        # workloads: spread the batch wider so that one wrong belief costs fewer trials.
-        radius = self.radius * (1.0 if measured else self.borrowed_radius)
         running = [t.params for t in history if not t.is_finished]
         Xr = (
             featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
@@ -913,37 +964,10 @@ class CubicStrategy(Strategy):
             if np.any(likely):  # spend trials only where the config likely runs
                 score = np.where(likely, score, score * 1e-6)
             scores[name] = np.where(waiting, score * 1e-3, score)
-        done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
-        out: list[Proposal] = []
-        direction = self.study.spec.objectives[0].direction
-        for i in range(min(n, len(pool))):
-            name = turns[(done + i) % len(turns)]
-            j = int(np.argmax(scores[name]))
-            pred = float(np.exp(mu[j]))
-            out.append(
-                Proposal(
-                    pool[j],
-                    {
-                        "phase": "model",
-                        "value": pred if direction == "maximize" else 1.0 / pred,
-                        "log_std": float(sd[j]),
-                        "p_feasible": float(p[j]),
-                        "p_fit": float(p_fit[j]),
-                        "acquisition": name,
-                        "score": float(scores[name][j]),
-                    },
-                )
-            )
-            dist = np.abs(pos - pos[j]).sum(axis=1)
-            waiting = self._deferred(history, X, p_fit, X[j : j + 1])
-            for key, score in scores.items():
-                score = score * (1.0 - np.exp(-((dist / radius) ** 2)))
-                score = np.where(waiting, score * 1e-3, score)
-                if fresh[j].any():  # that untested site is now in flight: one trial at a time
-                    score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
-                score[j] = -1.0
-                scores[key] = score
-        return out
+        # Before this study has measured anything, the ranking is borrowed from other
+        # workloads: spread the batch wider so that one wrong belief costs fewer trials.
+        radius = self.radius * (1.0 if measured else self.borrowed_radius)
+        return _Picker(self, history, X, pos, sd, p, p_fit, scores, turns, fresh, radius)
 
     # several objectives: the Pareto front -------------------------------------------------
     def _directions(self) -> list[str]:
@@ -1099,6 +1123,7 @@ class CubicStrategy(Strategy):
 
         _, measured_pts = self._measured_front(history)
         valued = [t for t in history if self._value(t)[0] is not None]
+        sd_raw = sd
         if valued and self.novelty_sd > 0:
             novel = self._novelty(valued, pos)
             sd = np.sqrt(sd**2 + novel * self.novelty_sd**2)
@@ -1162,17 +1187,42 @@ class CubicStrategy(Strategy):
         alive[top] = True
         ehvi = np.full(len(pool), -1.0)
         ehvi[top] = base[top]
-        for _ in range(min(n, len(pool))):
-            score = (ehvi + 1e-12) * weight
-            if np.any(likely & alive):
-                score = np.where(likely, score, score * 1e-6)
-            score = np.where(waiting, score * 1e-3, score)
-            score = np.where(alive, score, -1.0)
-            j = int(np.argmax(score))
-            if score[j] < 0:
-                break
-            out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "ehvi", score[j]))
+        # Every ``front_anchor``-th model-guided proposal of the study goes to the front's
+        # fast end by the single-objective acquisition of the throughput.
+        history_picks = [(t.predicted or {}) for t in history]
+        done = sum(1 for pr in history_picks if pr.get("phase") == "model")
+        anchors = sum(1 for pr in history_picks if pr.get("acquisition") in ANCHORS)
+        picker = (
+            self._throughput_picker(model, history, X, pos, N, mu, sd_raw, p, p_fit)
+            if self.front_anchor > 0
+            else None
+        )
+        for i in range(min(n, len(pool))):
+            if picker is not None and (done + i) % self.front_anchor == 0:
+                j, name, best = picker.pick(anchors)
+                anchors += 1
+                if best < 0:  # every candidate is taken
+                    j = -1
+                else:
+                    out.append(
+                        _front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], ANCHORS[name], best)
+                    )
+            else:
+                j = -1
+            if j < 0:
+                score = (ehvi + 1e-12) * weight
+                if np.any(likely & alive):
+                    score = np.where(likely, score, score * 1e-6)
+                score = np.where(waiting, score * 1e-3, score)
+                score = np.where(alive, score, -1.0)
+                j = int(np.argmax(score))
+                if score[j] < 0:
+                    break
+                out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "ehvi", score[j]))
+            if picker is not None:
+                picker.taken(j)
             alive[j] = False
+            ehvi[j] = -1.0
             pending = np.concatenate(
                 [pending, fantasies(m[j : j + 1], s_pending[j : j + 1])], axis=1
             )
@@ -1253,6 +1303,51 @@ class CubicStrategy(Strategy):
             penalty = penalty * (1.0 - np.exp(-((dist / self.radius) ** 2)))
             penalty[j] = 0.0
         return out
+
+
+class _Picker:
+    """A batch chosen one pick at a time from scores over a pool: after each pick the
+    candidates close to it (in knob-rank space) are penalised, those whose memory is in
+    doubt wait while it runs, and an untested reduced-precision site it carries is kept
+    to one trial at a time."""
+
+    def __init__(
+        self,
+        strategy: CubicStrategy,
+        history: Sequence[Trial],
+        X: np.ndarray,
+        pos: np.ndarray,
+        sd: np.ndarray,
+        p: np.ndarray,
+        p_fit: np.ndarray,
+        scores: dict[str, np.ndarray],
+        turns: list[str],
+        fresh: np.ndarray,
+        radius: float,
+    ) -> None:
+        self.strategy, self.history = strategy, history
+        self.X, self.pos, self.sd, self.p, self.p_fit = X, pos, sd, p, p_fit
+        self.scores, self.turns, self.fresh, self.radius = scores, turns, fresh, radius
+
+    def pick(self, turn: int) -> tuple[int, str, float]:
+        """(row, acquisition, score) of the best candidate by the acquisition whose turn
+        ``turn`` (the study's count of model-guided proposals) is."""
+        name = self.turns[turn % len(self.turns)]
+        j = int(np.argmax(self.scores[name]))
+        return j, name, float(self.scores[name][j])
+
+    def taken(self, j: int) -> None:
+        """Row ``j`` joins the batch (picked here or by another rule)."""
+        dist = np.abs(self.pos - self.pos[j]).sum(axis=1)
+        waiting = self.strategy._deferred(self.history, self.X, self.p_fit, self.X[j : j + 1])
+        fresh = self.fresh
+        for key, score in self.scores.items():
+            score = score * (1.0 - np.exp(-((dist / self.radius) ** 2)))
+            score = np.where(waiting, score * 1e-3, score)
+            if fresh[j].any():  # that untested site is now in flight: one trial at a time
+                score = np.where((fresh & fresh[j]).any(axis=1), score * 1e-6, score)
+            score[j] = -1.0
+            self.scores[key] = score
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:

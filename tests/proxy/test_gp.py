@@ -108,3 +108,59 @@ def test_learns_only_the_study_it_ranks() -> None:
     mine = X[:40][feasible[:40]]
     assert len(model.gp_.gp_.X_train_) == len(mine)
     np.testing.assert_allclose(model.gp_.mu_, mine[:, model.gp_.keep_].mean(axis=0))
+
+
+def _layouts(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Five layouts (column 0) of uneven speed, a switch (column 1) worth +0.3 in every
+    layout and a switch (column 2) worth nothing; layout 4 was measured only with the good
+    switch off, twice per (layout, switch) otherwise."""
+    rng = np.random.default_rng(seed)
+    speed = np.array([0.0, 0.5, 0.1, 0.6, 0.2])
+    rows = [
+        (lay, on, int(rng.integers(0, 2)))
+        for lay in range(5)
+        for on in (0, 1)
+        for _ in range(2)
+        if not (lay == 4 and on == 1)
+    ]
+    X = np.array(rows, dtype=float)
+    target = speed[X[:, 0].astype(int)] + 0.3 * X[:, 1] + rng.normal(0.0, 0.005, len(X))
+    return X, target
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_linear_part_carries_a_switch_to_a_layout_measured_without_it(seed: int) -> None:
+    """A layout measured only with poor switches: the Matern kernel alone reverts towards
+    the mean there, the linear part adds the switch's effect measured in every other
+    layout (truth 0.5)."""
+    X, target = _layouts(seed)
+    query = np.array([[4.0, 1.0, 0.0]])
+    plain = KernelModel(seed).fit(X, target).predict(query)[0][0]
+    linear = KernelModel(seed, linear=[0, 1, 2]).fit(X, target).predict(query)[0][0]
+    assert abs(linear - 0.5) < 0.05 < abs(plain - 0.5)
+
+
+def test_familiarity_follows_the_learned_length_scales() -> None:
+    """1 at a measured row; a row that differs only in a column that never mattered is more
+    familiar than one in a layout never measured."""
+    X, target = _layouts(0)
+    model = KernelModel(linear=[0, 1, 2]).fit(X, target)
+    np.testing.assert_allclose(model.familiarity(X), 1.0)
+    flipped = X[:1].copy()
+    flipped[0, 2] = 1.0 - flipped[0, 2]
+    unmeasured = np.array([[9.0, 0.0, 0.0]])
+    assert model.familiarity(flipped)[0] > 0.9 > model.familiarity(unmeasured)[0]
+
+
+def test_a_linear_kernel_is_saved_and_loaded_as_it_was() -> None:
+    X, target = _layouts(1)
+    model = KernelModel(linear=[0, 1, 2]).fit(X, target)
+    loaded = KernelModel.load(json.loads(json.dumps(model.save())))
+    assert loaded.linear == [0, 1, 2]
+    query = np.array([[4.0, 1.0, 0.0], [2.0, 0.0, 1.0]])
+    for a, b in zip(model.predict(query), loaded.predict(query), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # A GP saved before the option existed loads as the Matern kernel it was.
+    doc = KernelModel().fit(X, target).save()
+    del doc["linear"]
+    assert KernelModel.load(doc).linear is None
