@@ -349,29 +349,39 @@ def test_a_pruned_trial_teaches_the_proxy_its_measured_throughput() -> None:
 
 
 def test_switches_that_have_not_mattered_are_not_worth_the_floor() -> None:
-    """Llama-3 405B on 128 H200: after 24 trials the incumbent's layout has been measured
-    with seven sets of switches that all ran alike. With the expected improvement's floor
-    taken as far as the GP's metric says a config is unlike the measured ones, the next
-    batch leaves that layout; with the full floor everywhere, its switch variants keep
-    winning turns."""
+    """Llama-3 405B on 128 H200, 24 trials in: the incumbent's layout has been measured with
+    three sets of switches. With the full expected-improvement floor everywhere, switch
+    variants of that layout take most of the next batch's expected-improvement turns; with
+    the floor taken only as far as the GP's metric says a config is unlike the measured
+    ones, none."""
     from cubic.bench.search import load_study, simulate_search
 
     study = load_study(BENCH / "llama3_405b_h200x128.study.yaml")
     layout = ("tp", "pp", "cp", "vp", "micro_batch", "recompute", "zero_stage")
     history = simulate_search(
-        study, CubicStrategy(study, seed=1, familiar_floor=False), seed=1, budget=24
+        study, CubicStrategy(study, seed=2, familiar_floor=False), seed=2, budget=24
     )
     complete = [t for t in history if t.state == TrialState.COMPLETE]
     best = max(complete, key=lambda t: t.metrics["tokens_per_s"])
     incumbent = tuple(best.params[k] for k in layout)
-    assert sum(tuple(t.params[k] for k in layout) == incumbent for t in history) >= 4
+    assert sum(tuple(t.params[k] for k in layout) == incumbent for t in history) >= 3
     inside = {}
     for familiar in (False, True):
-        picks = CubicStrategy(study, seed=1, familiar_floor=familiar).suggest(history, 8)
+        picks = CubicStrategy(study, seed=2, familiar_floor=familiar).suggest(history, 8)
         inside[familiar] = [
             p.predicted["acquisition"]
             for p in picks
             if tuple(p.params[k] for k in layout) == incumbent
         ]
-    assert len(inside[True]) < len(inside[False])
+    assert inside[False].count("ei") >= 2
     assert "ei" not in inside[True]
+    assert len(inside[True]) < len(inside[False])
+
+
+def test_the_proxy_of_a_single_objective_study_has_the_linear_part() -> None:
+    study = _study("llama3_8b_h100x16")
+    strategy = CubicStrategy(study, seed=0)
+    _run(study, strategy, 24)
+    assert strategy.gp_linear is True
+    assert strategy._model is not None and strategy._model[1].gp_.linear
+    assert CubicStrategy(study, seed=0, gp_linear=False).gp_linear is False
