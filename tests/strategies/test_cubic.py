@@ -288,10 +288,15 @@ def test_a_memory_risk_is_scouted_by_one_trial_at_a_time() -> None:
 
 def test_the_portfolio_takes_turns_between_its_acquisitions() -> None:
     study = _study("llama3_8b_h100x16")
-    history = _run(study, CubicStrategy(study, seed=0), 16)
+    strategy = CubicStrategy(study, seed=0)
+    history = _run(study, strategy, 16)
     model = [t.predicted["acquisition"] for t in history if t.predicted["phase"] == "model"]
     assert model and set(model) == {"ei", "ucb"}
     assert all(a != b for a, b in itertools.pairwise(model))
+    # One objective: the proxy's GP has its linear part (see CubicStrategy.gp_linear).
+    assert strategy.gp_linear is True
+    assert strategy._model is not None and strategy._model[1].gp_.linear
+    assert CubicStrategy(study, seed=0, gp_linear=False).gp_linear is False
     with pytest.raises(ValueError, match="acquisition"):
         CubicStrategy(study, seed=0, acquisition="pi")
 
@@ -376,12 +381,3 @@ def test_switches_that_have_not_mattered_are_not_worth_the_floor() -> None:
     assert inside[False].count("ei") >= 2
     assert "ei" not in inside[True]
     assert len(inside[True]) < len(inside[False])
-
-
-def test_the_proxy_of_a_single_objective_study_has_the_linear_part() -> None:
-    study = _study("llama3_8b_h100x16")
-    strategy = CubicStrategy(study, seed=0)
-    _run(study, strategy, 24)
-    assert strategy.gp_linear is True
-    assert strategy._model is not None and strategy._model[1].gp_.linear
-    assert CubicStrategy(study, seed=0, gp_linear=False).gp_linear is False
