@@ -1196,7 +1196,7 @@ class CubicStrategy(Strategy):
         # fast end by the single-objective acquisition of the throughput.
         history_picks = [(t.predicted or {}) for t in history]
         done = sum(1 for pr in history_picks if pr.get("phase") == "model")
-        anchors = sum(1 for pr in history_picks if pr.get("acquisition") in ANCHORS)
+        anchors = sum(1 for pr in history_picks if pr.get("acquisition") in ANCHORS.values())
         picker = (
             self._throughput_picker(model, history, X, pos, N, mu, sd_raw, p, p_fit)
             if self.front_anchor > 0

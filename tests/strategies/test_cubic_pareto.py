@@ -51,6 +51,8 @@ def test_two_objectives_improve_the_hypervolume_over_the_warm_up() -> None:
     assert [a.startswith("anchor-") for a in acquisitions] == [
         i % 4 == 0 for i in range(len(guided))
     ]
+    anchors = [a for a in acquisitions if a != "ehvi"]
+    assert anchors[:2] == ["anchor-ei", "anchor-ucb"]  # the portfolio's turns, as alone
     fast = [t.predicted["values"][0] for t in guided if t.predicted["acquisition"] != "ehvi"]
     front = [t.predicted["values"][0] for t in guided if t.predicted["acquisition"] == "ehvi"]
     assert np.median(fast) > np.median(front)
