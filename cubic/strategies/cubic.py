@@ -1197,13 +1197,17 @@ class CubicStrategy(Strategy):
         history_picks = [(t.predicted or {}) for t in history]
         done = sum(1 for pr in history_picks if pr.get("phase") == "model")
         anchors = sum(1 for pr in history_picks if pr.get("acquisition") in ANCHORS.values())
-        picker = (
-            self._throughput_picker(model, history, X, pos, N, mu, sd_raw, p, p_fit)
-            if self.front_anchor > 0
-            else None
-        )
+        # Built only when a pick of this round is an anchor, then told the batch so far.
+        picker: _Picker | None = None
+        batch: list[int] = []
         for i in range(min(n, len(pool))):
-            if picker is not None and (done + i) % self.front_anchor == 0:
+            if self.front_anchor > 0 and (done + i) % self.front_anchor == 0:
+                if picker is None:
+                    picker = self._throughput_picker(
+                        model, history, X, pos, N, mu, sd_raw, p, p_fit
+                    )
+                    for taken in batch:
+                        picker.taken(taken)
                 j, name, best = picker.pick(anchors)
                 anchors += 1
                 if best < 0:  # every candidate is taken
@@ -1224,6 +1228,7 @@ class CubicStrategy(Strategy):
                 if score[j] < 0:
                     break
                 out.append(_front_proposal(pool[j], m[j], sd[j], p[j], p_fit[j], "ehvi", score[j]))
+            batch.append(j)
             if picker is not None:
                 picker.taken(j)
             alive[j] = False
