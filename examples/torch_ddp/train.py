@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="steps left out of the throughput (default: CUBIC_WARMUP_STEPS, else 2)",
     )
     model.add_argument("--seed", type=int, default=0)
+    model.add_argument(
+        "--memory-limit-gib",
+        type=float,
+        default=None,
+        help="cap this process's CUDA allocations (act as a GPU with this much memory)",
+    )
     args = p.parse_args(argv)
     if args.warmup_steps is None:
         args.warmup_steps = int(os.environ.get("CUBIC_WARMUP_STEPS") or 2)
@@ -75,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.ddp_bucket_mb <= 0:
         p.error("--ddp-bucket-mb must be positive")
+    if args.memory_limit_gib is not None and args.memory_limit_gib <= 0:
+        p.error("--memory-limit-gib must be positive")
     if args.hidden % args.heads:
         p.error("--heads must divide --hidden")
     if args.warmup_steps < 0 or args.steps <= args.warmup_steps:
@@ -128,14 +136,23 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def setup() -> tuple[torch.device, int, int]:
-    """Join the process group; returns (device, rank, world size)."""
+def setup(memory_limit_gib: float | None = None) -> tuple[torch.device, int, int]:
+    """Join the process group; returns (device, rank, world size).
+
+    ``memory_limit_gib`` caps the caching allocator on a GPU, so that a large GPU runs out of
+    memory where a smaller one would: the allocator raises the same ``OutOfMemoryError``.
+    """
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        if memory_limit_gib is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, memory_limit_gib * 2**30 / total), device
+            )
     else:
         device = torch.device("cpu")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -150,7 +167,7 @@ def setup() -> tuple[torch.device, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    device, rank, world = setup()
+    device, rank, world = setup(args.memory_limit_gib)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = GPT(
         vocab=args.vocab,

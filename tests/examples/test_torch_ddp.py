@@ -78,6 +78,35 @@ def test_train_script_rejects_a_run_with_nothing_to_time(venv_on_path: None) -> 
     assert "--steps must exceed --warmup-steps" in proc.stderr
 
 
+def test_train_script_rejects_a_memory_limit_that_is_not_positive(venv_on_path: None) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "train.py"), "--memory-limit-gib", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--memory-limit-gib must be positive" in proc.stderr
+
+
+def test_the_gpu_study_runs_every_config_of_its_space_at_its_global_batch() -> None:
+    """``study_gpu.yaml`` as a user submits it: the baseline is valid, and on one GPU the
+    space holds exactly the six micro-batch splits of the global batch of 32, each with
+    every bucket size, checkpointing and bf16 setting (6 * 4 * 2 * 2)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", "spaces", "validate",
+         str(EXAMPLE / "space_gpu.yaml"), "--workload", str(EXAMPLE / "study_gpu.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "96 valid configurations" in proc.stdout
+    spec, base = load_spec(EXAMPLE / "study_gpu.yaml")
+    resolved = spec.resolve(base)
+    assert spec.baseline is not None and spec.job is not None
+    assert resolved.space.is_valid(spec.baseline, resolved.context), spec.baseline
+    assert "--memory-limit-gib 16" in spec.job.command
+
+
 def _submitted(path: Path) -> dict[str, Any]:
     """The study file as ``cubic submit`` sends it: workload and space inlined.
 
