@@ -34,6 +34,8 @@ from cubic.study import ResolvedStudy, StudySpec
 from cubic.workload import Workload
 
 DEFAULT_LEASE_S = 300.0
+#: The most finished trials of other studies a transfer history holds (the newest).
+PRIOR_ROWS = 10_000
 MAX_CACHED_STRATEGIES = 32
 EVENT_LAG = 1000
 """How far back (in event ids) a history refresh re-reads: a transaction may commit after a
@@ -446,14 +448,16 @@ class Tuner:
         """Finished trials of the other studies of ``kind``, with their workloads.
 
         One read per kind and ``ttl_s``, shared by every study of that kind (each gets the
-        others' trials by reference), so memory grows with the history once, not once per
-        study.
+        others' trials by reference), of the newest ``PRIOR_ROWS`` finished trials, so memory
+        is bounded however long the history grows, and held once, not once per study.
         """
         cached = self._priors.get(kind)
         if cached is None or time.monotonic() - cached[0] >= ttl_s:
             rows = []
             for t in self.store.history_for_kind(
-                kind, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
+                kind,
+                states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE],
+                limit=PRIOR_ROWS,
             ):
                 try:
                     rows.append((self.resolved(t.study_id).workload, t))

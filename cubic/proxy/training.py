@@ -118,8 +118,13 @@ def fit_and_store(
     params: Mapping[str, Any] | None = None,
     k: int = 5,
     seed: int = 0,
+    n_history: int | None = None,
 ) -> ProxyModelVersion:
     """Fit a model of ``kind`` on ``trials``, measure it, and store it as a new version.
+
+    ``n_history``: how many finished trials of ``kind`` the store held when ``trials`` were
+    read from it (``trials`` may be the newest of them); kept in the version's metrics, it
+    is what the next refit is counted from (:class:`Retrainer`).
 
     ``objective='auto'`` cross-validates the regression and the ranking objective and keeps
     the better ranker; its cross-validation results are the version's ``metrics['cv']``, and
@@ -163,6 +168,7 @@ def fit_and_store(
             "holdout": holdout,
             "n_feasible": n_feasible,
             "n_studies": len(np.unique(groups)),
+            "n_history": len(y) if n_history is None else n_history,
             "seconds": time.perf_counter() - start,
         }
     )
@@ -177,6 +183,13 @@ def fit_and_store(
         metrics["cv"].get("kendall_tau"),
     )
     return version
+
+
+def fitted_history(version: ProxyModelVersion) -> int:
+    """How many finished trials of its kind the store held when ``version`` was fitted
+    (versions stored before that was recorded: the trials it was fitted on)."""
+    n = (version.metrics or {}).get("n_history")
+    return int(n) if isinstance(n, int | float) else version.n_train
 
 
 def is_current(version: ProxyModelVersion) -> bool:
@@ -197,9 +210,13 @@ def load_latest(store: Store, kind: str) -> ProxyModel | None:
 class Retrainer:
     """Keeps one proxy model per workload kind fitted on the trials stored so far.
 
-    ``maybe_retrain(kind)`` refits when at least ``every`` usable trials of that kind have
-    finished since the newest version was fitted (or when that version is out of date), and
-    does nothing otherwise, so callers may invoke it as often as they like. Fitting is
+    ``maybe_retrain(kind)`` refits when the finished trials of that kind have grown by
+    ``every``, or by ``growth`` times the count the newest version was fitted at if that is
+    more, since it was fitted (or when that version is out of date), and does nothing
+    otherwise, so callers may invoke it as often as they like. A fit reads only the newest
+    ``max_rows`` trials. Together these bound what one fit costs and make the fitting of a
+    growing history amortised constant work per trial: refitting every 8 trials on all of a
+    10,000-trial history kept a core busy and the process's memory growing with it. Fitting is
     CPU-bound and blocking: run it in a thread (:meth:`run` is a ready-made loop), never in
     an event loop. One refit runs at a time per kind, across every process on the store.
     Workloads come from each study's stored spec unless ``workload_of`` is given.
@@ -210,6 +227,8 @@ class Retrainer:
         store: Store,
         every: int = 8,
         *,
+        growth: float = 0.25,
+        max_rows: int = 4000,
         workload_of: WorkloadOf | None = None,
         objective: str = "auto",
         params: Mapping[str, Any] | None = None,
@@ -217,8 +236,14 @@ class Retrainer:
     ) -> None:
         if every < 1:
             raise ValueError("every must be at least 1")
+        if growth < 0:
+            raise ValueError("growth must be >= 0")
+        if max_rows < 2:
+            raise ValueError("max_rows must be at least 2")
         self.store = store
         self.every = every
+        self.growth = growth
+        self.max_rows = max_rows
         self.workload_of = workload_of
         self.objective = objective
         self.params = dict(params or {})
@@ -241,35 +266,31 @@ class Retrainer:
                 self._workloads[study_id] = None
         return self._workloads[study_id]
 
-    def due(self, kind: str, trials: Sequence[Trial]) -> bool:
-        """Whether ``trials`` (the usable ones of ``kind``) call for a new version."""
+    def due(self, kind: str, finished: int) -> bool:
+        """Whether ``finished`` trials of ``kind`` call for a new version."""
         latest = self.store.latest_proxy_model(kind)
-        if latest is not None and not is_current(latest):
+        if latest is None or not is_current(latest):
             return True
-        fitted = 0 if latest is None else latest.n_train
-        return len(trials) - fitted >= self.every
+        fitted = fitted_history(latest)
+        return finished - fitted >= max(self.every, int(self.growth * fitted))
 
     def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
         finished = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
         with self._lock:
-            latest = self.store.latest_proxy_model(kind)
-            if (
-                latest is not None
-                and is_current(latest)
-                and self.store.count_for_kind(kind, finished) - latest.n_train < self.every
-            ):
-                return None  # the usable trials are fewer still: not due, and nothing read
+            if not self.due(kind, self.store.count_for_kind(kind, finished)):
+                return None  # nothing read but two counts
             # Of several processes that find a refit due, one fits; the others skip it.
             with self.store.try_proxy_fit_lock(kind) as held:
                 if not held:
                     return None
-                history = self.store.history_for_kind(kind, states=finished)
+                count = self.store.count_for_kind(kind, finished)
+                if not self.due(kind, count):  # another process may have just fitted it
+                    return None
+                history = self.store.history_for_kind(kind, states=finished, limit=self.max_rows)
                 trials = [
                     t for t in history if usable(t) and self._workload(t.study_id) is not None
                 ]
-                if not self.due(kind, trials):  # another process may have just fitted it
-                    return None
                 if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
                     return None
                 return fit_and_store(
@@ -280,6 +301,7 @@ class Retrainer:
                     objective=self.objective,
                     params=self.params,
                     seed=self.seed,
+                    n_history=count,
                 )
 
     def run(

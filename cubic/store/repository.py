@@ -808,8 +808,11 @@ class Store:
         workload_kind: str,
         exclude_study: int | None = None,
         states: Iterable[TrialState | str] | None = None,
+        limit: int | None = None,
     ) -> list[Trial]:
-        """Trials of every study of a workload kind, for transfer learning across studies."""
+        """Trials of every study of a workload kind, for transfer learning across studies,
+        by study and number; with ``limit``, only the newest ``limit`` of them (the last
+        stored), so that a reader's memory and time stay bounded as the history grows."""
         query = (
             select(TrialRow)
             .join(StudyRow, StudyRow.id == TrialRow.study_id)
@@ -819,9 +822,17 @@ class Store:
             query = query.where(TrialRow.study_id != exclude_study)
         if states is not None:
             query = query.where(TrialRow.state.in_(_state_values(states)))
-        query = query.order_by(TrialRow.study_id, TrialRow.number)
+        if limit is not None:
+            if limit < 0:
+                raise InvalidInput(f"limit must be >= 0, got {limit}", field="limit")
+            query = query.order_by(TrialRow.id.desc()).limit(limit)
+        else:
+            query = query.order_by(TrialRow.study_id, TrialRow.number)
         with self._session(write=False) as s:
-            return [_trial(r, fresh=True) for r in s.scalars(query)]
+            out = [_trial(r, fresh=True) for r in s.scalars(query)]
+        if limit is not None:
+            out.sort(key=lambda t: (t.study_id, t.number))
+        return out
 
     def count_for_kind(
         self, workload_kind: str, states: Iterable[TrialState | str] | None = None

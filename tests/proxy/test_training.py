@@ -148,6 +148,32 @@ def test_retrainer_refits_after_every_n_new_trials(store: Store) -> None:
     assert retrainer.maybe_retrain("dlrm") is None
 
 
+def test_retrainer_refits_as_the_history_grows_by_a_share_and_reads_the_newest(
+    store: Store,
+) -> None:
+    """Past ``every`` new trials a refit waits for the history to grow by ``growth`` of what
+    the last fit saw, and a fit reads only the newest ``max_rows`` trials: what fitting a
+    growing history costs stays bounded per trial."""
+    sid = _study(store)
+    retrainer = Retrainer(store, every=8, growth=0.5, max_rows=20, objective="regression")
+    _add(store, sid, 30, 3)
+    first = retrainer.maybe_retrain("llm")
+    assert first is not None and first.n_train == 20  # the newest 20 of 30
+    assert first.metrics["n_history"] == 30
+    _add(store, sid, 14, 4)
+    assert retrainer.maybe_retrain("llm") is None  # 14 < 0.5 * 30 new trials
+    _add(store, sid, 1, 5)
+    second = retrainer.maybe_retrain("llm")
+    assert second is not None and second.n_train == 20 and second.metrics["n_history"] == 45
+    newest = store.history_for_kind("llm", limit=20)
+    assert min(t.number for t in newest) == 25  # what the second fit read: trials 25-44
+    assert retrainer.maybe_retrain("llm") is None
+    with pytest.raises(ValueError, match="growth"):
+        Retrainer(store, growth=-0.1)
+    with pytest.raises(ValueError, match="max_rows"):
+        Retrainer(store, max_rows=1)
+
+
 def test_of_two_retrainers_one_fits_a_due_version(store: Store) -> None:
     """Each API process has a retrainer: while one fits a kind, another skips it, and then
     finds the version it would have fitted already stored."""

@@ -267,6 +267,21 @@ class TestTrials:
         assert [t.params for t in finished] == [params(0), params(1)]
         assert store.history_for_kind("vision") == []
 
+    def test_history_for_kind_reads_only_the_newest_when_limited(self, store: Store) -> None:
+        a = store.create_study("a", {}, "llm")
+        b = store.create_study("b", {}, "llm")
+        store.add_finished_trials(a.id, [(params(i), "complete", {"t": i}) for i in range(3)])
+        store.add_finished_trials(b.id, [(params(9), "complete", {"t": 9})])
+        store.add_finished_trials(a.id, [(params(3), "infeasible", None)])
+        newest = store.history_for_kind("llm", limit=3)  # the last three stored, in order
+        assert [(t.study_id, t.number) for t in newest] == [(a.id, 2), (a.id, 3), (b.id, 0)]
+        done = store.history_for_kind("llm", states=["complete"], limit=2)
+        assert [t.params for t in done] == [params(2), params(9)]
+        assert store.history_for_kind("llm", limit=0) == []
+        assert len(store.history_for_kind("llm", limit=100)) == 5
+        with pytest.raises(InvalidInput, match="limit"):
+            store.history_for_kind("llm", limit=-1)
+
 
 class TestLeases:
     def test_lease_is_idempotent_per_worker(self, store: Store) -> None:
