@@ -61,6 +61,7 @@ class Strategy(ABC):
         self.context = study.context
         self._grids = self._make_grids()
         self._keys: dict[tuple[int, int], tuple[dict[str, Any], str]] = {}
+        self._scores: dict[tuple[int, int], tuple[Any, tuple[list[float] | None, float]]] = {}
 
     @abstractmethod
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -158,6 +159,8 @@ class Strategy(ABC):
         top: int = 8,
     ) -> list[Proposal]:
         """Top up ``proposals`` with unseen valid configs a step or two away from the best."""
+        if len(proposals) >= n:
+            return proposals
         spec = self.study.spec
         ranked = []
         for t in history:
@@ -193,7 +196,18 @@ class Strategy(ABC):
         Infeasible trials and complete trials that break a constraint get a positive
         violation, so constraint-aware samplers learn to avoid their region. A pruned trial's
         values are what it measured before it was stopped: low, and data all the same.
+        A finished trial never changes, so its score is computed once (by study and id,
+        checked against its metrics): a round does not re-score the whole history.
         """
+        if not trial.is_finished:
+            return self._score(trial)
+        hit = self._scores.get((trial.study_id, trial.id))
+        if hit is None or (hit[0] is not trial.metrics and hit[0] != trial.metrics):
+            hit = (trial.metrics, self._score(trial))
+            self._scores[(trial.study_id, trial.id)] = hit
+        return hit[1]
+
+    def _score(self, trial: Trial) -> tuple[list[float] | None, float]:
         spec = self.study.spec
         if trial.state == TrialState.INFEASIBLE:
             return None, 1.0

@@ -22,6 +22,7 @@ stays in the round's study as a running trial, so TPE's constant liar spreads th
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 import warnings
@@ -42,12 +43,34 @@ from cubic.study import ResolvedStudy
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+class _Shared(FrozenTrial):
+    """A finished trial made once and added to each round's in-memory study: the storage
+    copies what it is given (``copy.deepcopy``, most of a round's time with thousands of
+    trials), and a finished trial's values, params and distributions are never written to
+    there, so its copy may share them. Only the copy's number and id are set."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+        return copy.copy(self)
+
+
+def _shared(trial: FrozenTrial) -> _Shared:
+    trial.__class__ = _Shared
+    return trial  # type: ignore[return-value]
+
+
 class OptunaStrategy(Strategy):
     """Base for strategies that delegate to an Optuna sampler."""
 
     def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
         self._pool: tuple[list[dict[str, Any]], list[str], np.ndarray] | None = None
+        # A finished trial's FrozenTrial, by (study, id), with what it was made from (its
+        # values, or the penalty it stood in with): made once, not once per round.
+        self._made: dict[tuple[int, int], tuple[tuple[Any, ...], FrozenTrial]] = {}
+
+    reads_history = True
+    """Whether the sampler learns from the trials (``RandomSampler`` does not: its rounds
+    skip building the history's study, so their cost does not grow with it)."""
 
     repair_pool = 20_000
     max_asks: int | None = None
@@ -87,20 +110,28 @@ class OptunaStrategy(Strategy):
         penalty = self._penalty([v for _, v, _ in scored if v is not None])
         frozen = []
         for t, vals, viol in scored:
+            pending = t.state in (TrialState.WAITING, TrialState.RUNNING)
+            if not pending and vals is None and viol <= 0:
+                continue
+            made = (tuple(vals) if vals is not None else None, tuple(penalty), viol)
+            if vals is not None:
+                made = (made[0], None, viol)  # a measured trial does not depend on the penalty
+            cached = None if pending else self._made.get((t.study_id, t.id))
+            if cached is not None and cached[0] == made:
+                frozen.append(cached[1])
+                continue
             # An inactive conditional knob holds its default, which may lie outside its
             # choices (cache_load_factor 1.0 when nothing is cached): leave it out, as
             # Optuna's define-by-run trials would.
             params = {k: v for k, v in t.params.items() if k in dists and space[k].contains(v)}
             pd = {k: dists[k] for k in params}
             try:
-                if t.state in (TrialState.WAITING, TrialState.RUNNING):
-                    frozen.append(
-                        optuna.trial.create_trial(
-                            state=OptunaState.RUNNING, params=params, distributions=pd
-                        )
+                if pending:
+                    ft = optuna.trial.create_trial(
+                        state=OptunaState.RUNNING, params=params, distributions=pd
                     )
-                elif vals is not None or viol > 0:
-                    frozen.append(
+                else:
+                    ft = _shared(
                         optuna.trial.create_trial(
                             values=vals if vals is not None else penalty,
                             params=params,
@@ -108,15 +139,18 @@ class OptunaStrategy(Strategy):
                             constraints={"feasible": viol},
                         )
                     )
+                    self._made[(t.study_id, t.id)] = (made, ft)
             except ValueError:
                 continue  # a config from outside the space (an import): nothing to learn here
+            frozen.append(ft)
         return frozen
 
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         dists = self._distributions()
         seed = ((self.seed or 0) * 1_000_003 + len(history)) % 2**32  # numpy takes 32 bits
         ostudy = optuna.create_study(directions=self._directions(), sampler=self.sampler(seed))
-        ostudy.add_trials(self._frozen(history, dists))
+        if self.reads_history:
+            ostudy.add_trials(self._frozen(history, dists))
         seen = self.seen(history)
         ctx = self.context
         space = self.study.space
@@ -201,6 +235,7 @@ class OptunaStrategy(Strategy):
 class RandomStrategy(OptunaStrategy):
     name = "random"
     blind = True
+    reads_history = False
 
     def sampler(self, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=seed)

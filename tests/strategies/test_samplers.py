@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from cubic.store.objects import Trial, TrialState
@@ -97,3 +98,63 @@ def test_a_seed_beyond_32_bits_still_proposes(seed: int) -> None:
     resolved = _bench("dlrm_dot_a100x8", "tpe")
     proposals = make_strategy(resolved).__class__(resolved, seed=seed).suggest([], 2)
     assert len(proposals) == 2
+
+
+def _measured(resolved, n: int, seed: int = 0) -> list[Trial]:
+    """``n`` finished trials of the study's space: complete ones, and every fifth infeasible."""
+    configs = resolved.space.sample(np.random.default_rng(seed), n, resolved.context)
+    return [
+        _trial(i, c, TrialState.INFEASIBLE, None)
+        if i % 5 == 4
+        else _trial(i, c, TrialState.COMPLETE, {"tokens_per_s": 1000.0 + i})
+        for i, c in enumerate(configs)
+    ]
+
+
+def test_a_finished_trial_enters_the_sampler_as_the_same_frozen_trial_every_round() -> None:
+    """A finished trial never changes, so its Optuna trial is made once: a later round adds
+    the same object (the storage's copy shares its params, with a number of its own), and an
+    infeasible trial is made again only when the penalty it stands in with moves."""
+    resolved = _bench("llama3_8b_h100x16", "tpe")
+    strategy = make_strategy(resolved)
+    dists = strategy._distributions()
+    history = _measured(resolved, 20)
+    first = strategy._frozen(history, dists)
+    again = strategy._frozen(history, dists)
+    assert len(first) == 20 and all(a is b for a, b in zip(first, again, strict=True))
+    ostudy = optuna.create_study(direction="maximize")
+    ostudy.add_trials(again)
+    stored = ostudy.get_trials(deepcopy=False)
+    assert [t.number for t in stored] == list(range(20))
+    assert all(s is not f and s.params is f.params for s, f in zip(stored, first, strict=True))
+    assert [t.values for t in stored] == [t.values for t in first]
+    # A new worst value moves the penalty: the infeasible trials stand in with it.
+    worse = [*history, _trial(20, history[0].params, TrialState.COMPLETE, {"tokens_per_s": 5.0})]
+    third = strategy._frozen(worse, dists)
+    infeasible = [i for i, t in enumerate(history) if t.state == TrialState.INFEASIBLE]
+    assert all(third[i].values == [5.0] and third[i] is not first[i] for i in infeasible)
+    assert all(third[i] is first[i] for i in range(20) if i not in infeasible)
+
+
+def test_random_proposes_the_same_without_reading_the_history() -> None:
+    """``RandomSampler`` learns nothing from trials, so its round does not build them."""
+    resolved = _bench("llama3_8b_h100x16", "random")
+    history = _measured(resolved, 40)
+    plain = make_strategy(resolved)
+    reading = make_strategy(resolved)
+    reading.reads_history = True
+    assert [p.params for p in plain.suggest(history, 6)] == [
+        p.params for p in reading.suggest(history, 6)
+    ]
+    assert plain._made == {} and len(reading._made) == 40
+
+
+def test_a_finished_trial_is_scored_once() -> None:
+    resolved = _bench("llama3_8b_h100x16", "tpe")
+    strategy = make_strategy(resolved)
+    (t,) = _measured(resolved, 1)
+    first = strategy.scored(t)
+    reread = Trial.detached(t.id, dict(t.params), t.state, dict(t.metrics or {}))
+    assert strategy.scored(reread) is first  # the same trial read again: not re-scored
+    changed = Trial.detached(t.id, dict(t.params), t.state, {"tokens_per_s": 7.0})
+    assert strategy.scored(changed) == ([7.0], 0.0)
