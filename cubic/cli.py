@@ -1094,6 +1094,13 @@ def bench_service_cmd(
         console.print(
             "API processes' RSS after the run: " + ", ".join(f"{m:.0f}" for m in rss) + " MiB"
         )
+    rss_bg = res["cubic"].get("background_rss_mib") or []
+    if rss_bg:
+        console.print(
+            "their background processes' (proposing, fitting): "
+            + ", ".join(f"{m:.0f}" for m in rss_bg)
+            + " MiB"
+        )
     inv = res["invariants"]
     console.print(
         f"invariants: {inv['trials']} trials, study {inv['study_state']}, "

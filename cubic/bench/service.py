@@ -44,7 +44,7 @@ def pg_schema(base_url: str) -> Any:
     return temporary_schema(base_url, prefix="cubic_bench")
 
 
-_SERVERS: dict[str, int] = {}  # base URL -> uvicorn's master pid, while it runs
+_SERVERS: dict[str, tuple[int, int]] = {}  # base URL -> (uvicorn's pid, API processes)
 
 
 @contextmanager
@@ -103,7 +103,7 @@ def _serve(api_workers: int, env: dict[str, str], port: int, errors: Any) -> Ite
             if time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not become ready within 60 s")
             time.sleep(0.2)
-        _SERVERS[url] = proc.pid
+        _SERVERS[url] = (proc.pid, api_workers)
         yield url
     finally:
         _SERVERS.pop(url, None)
@@ -135,21 +135,28 @@ def study_spec(trials: int, workers: int, strategy: str) -> dict[str, Any]:
     return spec.resolve().spec.model_dump(mode="json")
 
 
-def api_rss_mib(url: str) -> list[float]:
-    """Resident memory (MiB) of each API process serving ``url`` (Linux ``/proc``)."""
-    pid = _SERVERS.get(url)
-    if pid is None:
+def _rss_mib(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return None
+
+
+def api_rss_mib(url: str, *, background: bool = False) -> list[float]:
+    """Resident memory (MiB) of each API process serving ``url`` (Linux ``/proc``); with
+    ``background``, of the processes those start for proposing and fitting instead."""
+    if url not in _SERVERS:
         return []
-    out = []
-    for child in _children(pid) or [pid]:
-        try:
-            status = Path(f"/proc/{child}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                out.append(int(line.split()[1]) / 1024.0)
-    return out
+    pid, workers = _SERVERS[url]
+    # One API process is uvicorn's own; with more, uvicorn starts them as its children.
+    procs = [pid] if workers == 1 else _spawned(pid)
+    if background:
+        procs = [g for p in procs for g in _spawned(p)]
+    return [m for p in procs if (m := _rss_mib(p)) is not None]
 
 
 def _children(pid: int) -> list[int]:
@@ -161,6 +168,11 @@ def _children(pid: int) -> list[int]:
             continue
     # uvicorn's workers are spawned processes; each may have a resource tracker beside it
     return [k for k in kids if "uvicorn" in _cmdline(k) or "multiprocessing" in _cmdline(k)]
+
+
+def _spawned(pid: int) -> list[int]:
+    """The processes ``pid`` started with multiprocessing's spawn (not its resource tracker)."""
+    return [k for k in _children(pid) if "spawn_main" in _cmdline(k)]
 
 
 def _cmdline(pid: int) -> str:
@@ -474,12 +486,14 @@ def _bench(
             results = _run_pool(ctx, _cubic_worker, args)
             load = os.getloadavg()[0]
             rss = api_rss_mib(url)
+            rss_bg = api_rss_mib(url, background=True)
         reported = [r for res in results for r in res["reported"]]
         out["cubic"] = {
             **_summary(f"cubic ({api_workers} API processes)", results, len(reported)),
             "load_avg_1m": load,
             "load_avg_1m_before": load0,
             "api_rss_mib": rss,
+            "background_rss_mib": rss_bg,
         }
         if window:
             out["cubic"]["windows"] = windows(results, window)
