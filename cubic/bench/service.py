@@ -159,20 +159,16 @@ def api_rss_mib(url: str, *, background: bool = False) -> list[float]:
     return [m for p in procs if (m := _rss_mib(p)) is not None]
 
 
-def _children(pid: int) -> list[int]:
+def _spawned(pid: int) -> list[int]:
+    """The processes ``pid`` started with multiprocessing's spawn: uvicorn's workers, or an
+    API process's background process (not the resource tracker beside them)."""
     kids: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             kids += [int(x) for x in (task / "children").read_text().split()]
         except OSError:
             continue
-    # uvicorn's workers are spawned processes; each may have a resource tracker beside it
-    return [k for k in kids if "uvicorn" in _cmdline(k) or "multiprocessing" in _cmdline(k)]
-
-
-def _spawned(pid: int) -> list[int]:
-    """The processes ``pid`` started with multiprocessing's spawn (not its resource tracker)."""
-    return [k for k in _children(pid) if "spawn_main" in _cmdline(k)]
+    return [k for k in kids if "spawn_main" in _cmdline(k)]
 
 
 def _cmdline(pid: int) -> str:

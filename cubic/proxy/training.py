@@ -279,7 +279,7 @@ class Retrainer:
         finished = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
         with self._lock:
             if not self.due(kind, self.store.count_for_kind(kind, finished)):
-                return None  # nothing read but two counts
+                return None  # not due: nothing read but a count and the newest version
             # Of several processes that find a refit due, one fits; the others skip it.
             with self.store.try_proxy_fit_lock(kind) as held:
                 if not held:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +45,23 @@ def config_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
 
 
+def _once(
+    cache: dict[tuple[int, int], tuple[Any, Any]],
+    trial: Trial,
+    basis: Any,
+    make: Callable[[Any], Any],
+) -> Any:
+    """``make(basis)`` for a stored trial, computed once per (study, id) and made again only
+    if ``basis`` (what it is computed from) is not what it was: a stored trial never changes,
+    so a round's cost does not grow with the history by recomputing it."""
+    key = (trial.study_id, trial.id)
+    hit = cache.get(key)
+    if hit is None or (hit[0] is not basis and hit[0] != basis):
+        hit = (basis, make(basis))
+        cache[key] = hit
+    return hit[1]
+
+
 class Strategy(ABC):
     """Proposes configurations of a study's search space from its history."""
 
@@ -60,8 +77,8 @@ class Strategy(ABC):
         self.options = options
         self.context = study.context
         self._grids = self._make_grids()
-        self._keys: dict[tuple[int, int], tuple[dict[str, Any], str]] = {}
-        self._scores: dict[tuple[int, int], tuple[Any, tuple[list[float] | None, float]]] = {}
+        self._keys: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._scores: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     @abstractmethod
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -78,15 +95,7 @@ class Strategy(ABC):
         A stored trial's params never change, so each key is computed once per trial (by
         study and id, checked against the params): a round's cost does not grow with the
         study's length by a JSON encoding of every trial."""
-        out = set()
-        cache = self._keys
-        for t in history:
-            hit = cache.get((t.study_id, t.id))
-            if hit is None or (hit[0] is not t.params and hit[0] != t.params):
-                hit = (t.params, config_key(t.params))
-                cache[(t.study_id, t.id)] = hit
-            out.add(hit[1])
-        return out
+        return {_once(self._keys, t, t.params, config_key) for t in history}
 
     def fill_random(
         self, history: Sequence[Trial], proposals: list[Proposal], n: int, seen: set[str]
@@ -201,11 +210,7 @@ class Strategy(ABC):
         """
         if not trial.is_finished:
             return self._score(trial)
-        hit = self._scores.get((trial.study_id, trial.id))
-        if hit is None or (hit[0] is not trial.metrics and hit[0] != trial.metrics):
-            hit = (trial.metrics, self._score(trial))
-            self._scores[(trial.study_id, trial.id)] = hit
-        return hit[1]
+        return _once(self._scores, trial, trial.metrics, lambda _: self._score(trial))
 
     def _score(self, trial: Trial) -> tuple[list[float] | None, float]:
         spec = self.study.spec

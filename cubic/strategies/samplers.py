@@ -113,9 +113,8 @@ class OptunaStrategy(Strategy):
             pending = t.state in (TrialState.WAITING, TrialState.RUNNING)
             if not pending and vals is None and viol <= 0:
                 continue
-            made = (tuple(vals) if vals is not None else None, tuple(penalty), viol)
-            if vals is not None:
-                made = (made[0], None, viol)  # a measured trial does not depend on the penalty
+            # A measured trial does not depend on the penalty; an infeasible one stands in with it.
+            made = (tuple(vals), None, viol) if vals is not None else (None, tuple(penalty), viol)
             cached = None if pending else self._made.get((t.study_id, t.id))
             if cached is not None and cached[0] == made:
                 frozen.append(cached[1])

@@ -165,8 +165,6 @@ def test_retrainer_refits_as_the_history_grows_by_a_share_and_reads_the_newest(
     _add(store, sid, 1, 5)
     second = retrainer.maybe_retrain("llm")
     assert second is not None and second.n_train == 20 and second.metrics["n_history"] == 45
-    newest = store.history_for_kind("llm", limit=20)
-    assert min(t.number for t in newest) == 25  # what the second fit read: trials 25-44
     assert retrainer.maybe_retrain("llm") is None
     with pytest.raises(ValueError, match="growth"):
         Retrainer(store, growth=-0.1)
