@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,7 +19,10 @@ from rich.table import Table
 
 from cubic.errors import CubicError, InvalidInput
 from cubic.pruning import PROGRESS_REPORT_S
-from cubic.retry import DEFAULT_OUTAGE_S
+from cubic.retry import DEFAULT_OUTAGE_S, INTERACTIVE_OUTAGE_S
+
+if TYPE_CHECKING:
+    from cubic.client import CubicClient
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -51,6 +54,23 @@ UrlOpt = Annotated[
     str | None,
     typer.Option("--url", envvar="CUBIC_URL", help="cubic service URL (else the local database)"),
 ]
+
+
+def _client(url: str) -> CubicClient:
+    """A client for a command a person waits on: it gives up after ``$CUBIC_OUTAGE_S``
+    seconds (60 by default) of an unreachable service, not a worker's 15 minutes."""
+    import os
+
+    from cubic.client import CubicClient
+
+    raw = os.environ.get("CUBIC_OUTAGE_S", str(INTERACTIVE_OUTAGE_S))
+    try:
+        outage_s = float(raw)
+    except ValueError:
+        outage_s = -1.0
+    if not outage_s >= 0:
+        raise CubicError(f"CUBIC_OUTAGE_S must be a number of seconds >= 0, not {raw!r}")
+    return CubicClient(url, outage_s=outage_s)
 
 
 def _url(db: str | None) -> str:
@@ -241,9 +261,7 @@ def study_create(
 ) -> None:
     """Create a study from a YAML spec (on the service with --url or CUBIC_URL)."""
     if url:
-        from cubic.client import CubicClient
-
-        with CubicClient(url) as client:
+        with _client(url) as client:
             made = client.create_study_from_file(file)
         sid, name = made["id"], made["name"]
     else:
@@ -262,9 +280,7 @@ def study_create(
 def study_list(db: DbOpt = None, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
     """List studies (of the service with --url or CUBIC_URL)."""
     if url:
-        from cubic.client import CubicClient
-
-        with CubicClient(url) as client:
+        with _client(url) as client:
             items = client.list_studies(limit=500)["items"]
         rows = [
             {
@@ -307,9 +323,7 @@ def study_show(
 ) -> None:
     """Show a study's spec summary and progress (from the service with --url or CUBIC_URL)."""
     if url:
-        from cubic.client import CubicClient
-
-        with CubicClient(url) as client:
+        with _client(url) as client:
             got = client.get_study(study_id)
         sid, name, state, kind, spec = (
             got["id"],
@@ -344,9 +358,7 @@ def trials(
 ) -> None:
     """List a study's trials."""
     if url:
-        from cubic.client import CubicClient
-
-        with CubicClient(url) as client:
+        with _client(url) as client:
             rows = client.all_trials(study_id, state=state)
             metric = client.get_study(study_id)["spec"]["objectives"][0]["metric"]
     else:
@@ -412,9 +424,7 @@ def best(
     """The best configuration found so far and its speed-up over the baseline; for a study
     of two or more objectives, its Pareto front."""
     if url:
-        from cubic.client import CubicClient
-
-        with CubicClient(url) as client:
+        with _client(url) as client:
             if pareto is None:
                 pareto = len(client.get_study(study_id)["spec"]["objectives"]) > 1
             out = client.pareto(study_id) if pareto else client.best(study_id)
@@ -707,9 +717,7 @@ def submit(file: Path, url: UrlOpt = None, json_out: JsonOpt = False) -> None:
     if not url:
         study_create(file, db=None, url=None, json_out=json_out)
         return
-    from cubic.client import CubicClient
-
-    with CubicClient(url) as client:
+    with _client(url) as client:
         study = client.create_study_from_file(file)
     if json_out:
         _print_json(study)
@@ -727,10 +735,9 @@ def status(
     if not url:
         study_show(study_id, db=None, url=None, json_out=False)
         return
-    from cubic.client import CubicClient
     from cubic.progress import summary, watch_study
 
-    with CubicClient(url) as client:
+    with _client(url) as client:
         study = watch_study(client, study_id, console, timeout=None if follow else 0)
         console.print(summary(client, study), markup=False, highlight=False)
 
@@ -785,7 +792,11 @@ def worker(
     time_scale: Annotated[float, typer.Option(help="simulated seconds per step")] = 0.0,
     outage_s: Annotated[
         float,
-        typer.Option(min=0, help="how long to ride through an unreachable service (seconds)"),
+        typer.Option(
+            min=0,
+            envvar="CUBIC_OUTAGE_S",
+            help="how long to ride through an unreachable service (seconds)",
+        ),
     ] = DEFAULT_OUTAGE_S,
     log_level: Annotated[
         str, typer.Option(help="what the worker logs to stderr: debug, info, warning, error")

@@ -21,6 +21,10 @@ from email.utils import parsedate_to_datetime
 DEFAULT_OUTAGE_S = 900.0
 """How long a client keeps retrying before it reports the service unreachable."""
 
+INTERACTIVE_OUTAGE_S = 60.0
+"""The same for a command a person waits on (``cubic submit``, ``status``, ``best``...): a
+worker rides through a restart of the service; a typo in ``--url`` should not take 15 min."""
+
 
 @dataclass(slots=True)
 class Backoff:

@@ -383,3 +383,43 @@ def test_bench_dashboard_without_chromium_is_one_line_and_status_2() -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith("error:") and "/nonexistent" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_command_gives_up_on_an_unreachable_service_in_one_line() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    env = {**os.environ, "CUBIC_OUTAGE_S": "1", "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", "best", "1", "--url", url],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "gave up after 1 s" in last, out.stderr
+    assert "Traceback" not in out.stderr
+    env["CUBIC_OUTAGE_S"] = "soon"
+    out = subprocess.run(
+        [sys.executable, "-m", "cubic.cli", "best", "1", "--url", url],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    says = "error: CUBIC_OUTAGE_S must be a number of seconds >= 0, not 'soon'"
+    assert out.stderr.strip() == says
+
+
+def test_interactive_commands_wait_a_minute_not_a_workers_fifteen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cubic.cli import _client
+    from cubic.retry import DEFAULT_OUTAGE_S, INTERACTIVE_OUTAGE_S
+
+    monkeypatch.delenv("CUBIC_OUTAGE_S", raising=False)
+    with _client("http://127.0.0.1:1") as client:
+        assert client.outage_s == INTERACTIVE_OUTAGE_S < DEFAULT_OUTAGE_S
