@@ -1040,6 +1040,10 @@ def bench_service_cmd(
     window: Annotated[
         int | None, typer.Option(min=1, help="also report latency per this many trials")
     ] = None,
+    job_s: Annotated[
+        float,
+        typer.Option(min=0, help="seconds each trial's job holds its worker, in both systems"),
+    ] = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
 ) -> None:
     """Lease/report latency and trials/s of many workers against several API processes,
@@ -1059,6 +1063,7 @@ def bench_service_cmd(
         strategy=strategy,
         reference=reference,
         window=window,
+        job_s=job_s,
     )
     st = res["settings"]
     table = Table(
@@ -1069,8 +1074,8 @@ def bench_service_cmd(
         "lease p50 / p95 / p99 ms",
         "report p50 / p95 / p99 ms",
         "load avg",
-        title=f"{trials} trials, strategy {strategy}, PostgreSQL ({st['database']}, "
-        f"max_connections {st['max_connections']})",
+        title=f"{trials} trials, strategy {strategy}, jobs of {job_s:g} s, PostgreSQL "
+        f"({st['database']}, max_connections {st['max_connections']})",
     )
     for key in ("cubic", "optuna"):
         if key in res:

@@ -178,8 +178,11 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
+def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]:
     """One worker process: lease one trial at a time, run it, report it, timing each call.
+
+    Each job holds the worker ``job_s`` seconds after the simulator has answered, as a
+    trial's run would (the Optuna reference's jobs hold theirs as long).
 
     It waits after a short lease as ``cubic worker`` does (:func:`cubic.retry.lease_wait`
     of the lease's ``retry_after_s``), and starts only when
@@ -192,7 +195,7 @@ def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
     from cubic.sim.job import run_job
     from cubic.workload import Workload
 
-    url, study_id, index, workload_json, barrier = args
+    url, study_id, index, workload_json, job_s, barrier = args
     workload = Workload.from_dict(json.loads(workload_json))
     rng, short = random.Random(index), 0
     calls: list[tuple[float, str, float]] = []  # (wall time at the end, kind, seconds)
@@ -215,6 +218,7 @@ def _cubic_worker(args: tuple[str, int, int, str, Any]) -> dict[str, Any]:
             short = 0
             t = answer["trials"][0]
             out = run_job(workload, t["params"], seed=t["id"])
+            time.sleep(job_s)
             t0 = time.perf_counter()
             client.report(
                 t["id"],
@@ -241,7 +245,7 @@ def optuna_sampler(strategy: str, seed: int) -> Any:
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
-def _optuna_worker(args: tuple[str, str, int, int, str, str, Any]) -> dict[str, Any]:
+def _optuna_worker(args: tuple[str, str, int, int, str, str, float, Any]) -> dict[str, Any]:
     """The reference: the same loop through Optuna's RDBStorage ask/tell, stopping once the
     study has ``budget`` finished trials (what ``MaxTrialsCallback`` checks)."""
     import json
@@ -253,7 +257,7 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, Any]) -> dict[str, 
     from cubic.workload import Workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    db_url, name, budget, seed, payload, strategy, barrier = args
+    db_url, name, budget, seed, payload, strategy, job_s, barrier = args
     data = json.loads(payload)
     workload = Workload.from_dict(data["workload"])
     space = Space.from_dict(data["space"])
@@ -297,6 +301,7 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, Any]) -> dict[str, 
         calls.append((time.time(), "lease", time.perf_counter() - t0))
         cfg = space.complete(dict(trial.params), ctx)
         out = run_job(workload, cfg, seed=trial.number)
+        time.sleep(job_s)
         t0 = time.perf_counter()
         if out.state == "complete":
             retried(study.tell, trial, out.metrics["tokens_per_s"], skip_if_finished=True)
@@ -415,6 +420,7 @@ def bench_service(
     strategy: str = "random",
     reference: bool = True,
     window: int | None = None,
+    job_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run cubic and (optionally) the Optuna reference with the same number of clients;
     return figures and invariant checks.
@@ -423,6 +429,8 @@ def bench_service(
     ``workers`` RDBStorage clients (two each) and the API processes' pools. With a given
     server, both systems run with as many clients as its connection limit allows Optuna.
     ``window``: also report latency per ``window`` reports (a history-growth run).
+    ``job_s``: seconds each trial's job holds its worker in both systems (0: instant jobs,
+    where every figure measures how fast the machine's cores turn calls around).
     """
 
     own = None
@@ -433,7 +441,7 @@ def bench_service(
         own.start()
         pg_url = own.url
     try:
-        return _bench(pg_url, trials, workers, api_workers, strategy, reference, window, own)
+        return _bench(pg_url, trials, workers, api_workers, strategy, reference, window, job_s, own)
     finally:
         if own is not None:
             own.remove()
@@ -447,6 +455,7 @@ def _bench(
     strategy: str,
     reference: bool,
     window: int | None,
+    job_s: float,
     own: Any,
 ) -> dict[str, Any]:
     import json
@@ -467,6 +476,7 @@ def _bench(
             "optuna_sampler": type(optuna_sampler(strategy, 0)).__name__ if reference else None,
             "database": "own cluster" if own is not None else "given server",
             "max_connections": limit,
+            "job_s": job_s,
         }
     }
     pool = {"CUBIC_DB_POOL_SIZE": "8", "CUBIC_DB_MAX_OVERFLOW": "4"}
@@ -477,7 +487,7 @@ def _bench(
         with api_server(db_url, api_workers, pool) as url:
             with CubicClient(url) as client:
                 study_id = client.create_study(spec)["id"]
-            args = [(url, study_id, i, json.dumps(spec["workload"])) for i in range(clients)]
+            args = [(url, study_id, i, json.dumps(spec["workload"]), job_s) for i in range(clients)]
             load0 = os.getloadavg()[0]
             results = _run_pool(ctx, _cubic_worker, args)
             load = os.getloadavg()[0]
@@ -501,7 +511,7 @@ def _bench(
             name = "optuna-reference"
             optuna.create_study(study_name=name, storage=db_url, direction="maximize")
             payload = json.dumps({"workload": spec["workload"], "space": spec["space"]})
-            args2 = [(db_url, name, trials, i, payload, strategy) for i in range(clients)]
+            args2 = [(db_url, name, trials, i, payload, strategy, job_s) for i in range(clients)]
             results = _run_pool(ctx, _optuna_worker, args2)
             load = os.getloadavg()[0]
             told = sum(r["told"] for r in results)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from cubic.bench.service import api_rss_mib, api_server
+from cubic.bench.service import api_rss_mib, api_server, bench_service
 from cubic.store.schema import upgrade
 
 
@@ -31,3 +32,24 @@ def test_rss_is_read_for_each_api_process_and_its_background_process(
             time.sleep(0.5)
     assert len(api) == workers and all(m > 30 for m in api), api
     assert api_rss_mib("http://127.0.0.1:1") == []
+
+
+PG = os.environ.get("CUBIC_TEST_DATABASE_URL")
+
+
+@pytest.mark.skipif(not PG, reason="CUBIC_TEST_DATABASE_URL not set: needs PostgreSQL")
+@pytest.mark.xdist_group("many-processes")
+def test_jobs_that_take_time_hold_their_workers_in_both_systems() -> None:
+    """With ``job_s`` each trial holds its worker that long in cubic and in the Optuna
+    reference alike: neither can finish more than ``workers / job_s`` trials a second."""
+    job_s, workers = 0.5, 4
+    res = bench_service(
+        PG, trials=24, workers=workers, api_workers=1, strategy="random", job_s=job_s
+    )
+    assert res["settings"]["job_s"] == job_s
+    inv = res["invariants"]
+    assert inv["study_state"] == "completed" and inv["lost_reports"] == []
+    for system in ("cubic", "optuna"):
+        r = res[system]
+        assert r["trials"] >= 24, r
+        assert 0 < r["trials_per_s"] <= workers / job_s, r
