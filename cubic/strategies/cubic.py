@@ -119,7 +119,6 @@ class CubicStrategy(Strategy):
         novelty_sd: float = 0.03,
         ehvi_samples: int = 32,
         ehvi_top: int = 512,
-        front_floor: float = 0.0,
         front_anchor: int = 4,
         error_prior_sd: float = 0.1,
         error_pseudo: float = 4.0,
@@ -159,7 +158,6 @@ class CubicStrategy(Strategy):
         self.novelty_sd = novelty_sd
         self.ehvi_samples = ehvi_samples
         self.ehvi_top = ehvi_top
-        self.front_floor = front_floor
         self.front_anchor = front_anchor
         self.error_prior_sd = error_prior_sd
         self.error_pseudo = error_pseudo
@@ -1134,9 +1132,6 @@ class CubicStrategy(Strategy):
         if valued and self.novelty_sd > 0:
             novel = self._novelty(valued, pos)
             sd = np.sqrt(sd**2 + novel * self.novelty_sd**2)
-        if valued and self.front_floor > 0:
-            fam = model.familiarity(X)
-            sd = np.maximum(sd, self.front_floor * np.sqrt(np.clip(1.0 - fam**2, 0.0, 1.0)))
         m, s, shared = self._predicted_objectives(history, mu, sd, X)
         # A fantasy's spread is what the proxy's picks have measured, not its own belief.
         extra = self._prediction_error(history)
