@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -513,36 +513,57 @@ class Tuner:
         params = {k: v for k, v in r.spec.baseline.items() if k not in r.space.derived_names}
         return config_key(trial.params) == config_key(r.space.complete(params, r.context))
 
-    def tell(self, trial_id: int, lease_token: str, outcome: Outcome) -> Trial:
+    def tell(
+        self,
+        trial_id: int,
+        lease_token: str,
+        outcome: Outcome,
+        *,
+        holder: Callable[[Trial], None] | None = None,
+    ) -> Trial:
         """Record how a trial ended; a repeated report with the same token changes nothing.
 
         A complete trial that breaks the study's constraints (memory headroom, error bound)
         stays complete, with the reason in its error text, and never counts as the best.
+        ``holder(trial)`` may refuse the caller (raise). One transaction: the checks run on
+        the locked trial, and the study's counts come back with the change, so a report
+        costs the same few statements whatever the study's size.
         """
-        error = outcome.error
-        if outcome.metrics or outcome.state == "complete":
-            t = self.store.get_trial(trial_id)
+
+        def check(t: Trial) -> str | None:
+            if holder is not None:
+                holder(t)
+            error = outcome.error
+            if not (outcome.metrics or outcome.state == "complete"):
+                return error
             r = self.resolved(t.study_id)
             check_metrics(r.spec, outcome.metrics)
-        if outcome.state == "complete":
-            gpus = job_gpus(r.workload, t.params)
-            if objective_values(r.spec, outcome.metrics, gpus) is None:
-                missing = missing_objectives(r.spec, outcome.metrics, gpus)
-                raise InvalidInput(
-                    f"metrics: missing objective metric(s) {missing}", field="metrics"
-                )
-            bad = violations(r.spec, r.workload, outcome.metrics, t.params)
-            if bad:
-                error = "constraint violated: " + "; ".join(bad)
-        trial, _retry = self.store.finish_trial(
+            if outcome.state == "complete":
+                gpus = job_gpus(r.workload, t.params)
+                if objective_values(r.spec, outcome.metrics, gpus) is None:
+                    missing = missing_objectives(r.spec, outcome.metrics, gpus)
+                    raise InvalidInput(
+                        f"metrics: missing objective metric(s) {missing}", field="metrics"
+                    )
+                bad = violations(r.spec, r.workload, outcome.metrics, t.params)
+                if bad:
+                    error = "constraint violated: " + "; ".join(bad)
+            return error
+
+        trial, _retry, counts = self.store.finish_trial_counted(
             trial_id,
             lease_token,
             TrialState(outcome.state),
             metrics=outcome.metrics or None,
-            error=error,
+            error=outcome.error,
             log_tail=outcome.log_tail,
+            check=check,
         )
-        self._maybe_complete(trial.study_id)
+        if counts is None:  # a repeated report: nothing changed, but not for another caller
+            if holder is not None:
+                holder(trial)
+            return trial
+        self._maybe_complete(trial.study_id, counts)
         self.wake.set()  # a slot is free: the proposer refills it
         return trial
 
@@ -558,8 +579,11 @@ class Tuner:
             self.wake.set()
         return reaped
 
-    def _maybe_complete(self, study_id: int) -> None:
-        counts = self.store.study_counts(study_id)
+    def _maybe_complete(self, study_id: int, counts: StudyCounts | None = None) -> None:
+        """Complete a running study with nothing left to run or to propose (``counts``:
+        as the caller's transaction left them, else read)."""
+        if counts is None:
+            counts = self.store.study_counts(study_id)
         if counts.state != StudyState.RUNNING or counts.active:
             return
         if self._room(study_id, counts) == 0:

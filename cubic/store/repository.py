@@ -22,7 +22,7 @@ import secrets
 import threading
 import uuid
 import zlib
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -630,6 +630,31 @@ class Store:
     ) -> tuple[Trial, Trial | None]:
         """Report the outcome of a leased trial; returns (trial, retry or None).
 
+        :meth:`finish_trial_counted` also takes a check and returns the study's counts.
+        """
+        trial, retry, _ = self.finish_trial_counted(
+            trial_id, lease_token, state, metrics=metrics, error=error, log_tail=log_tail, now=now
+        )
+        return trial, retry
+
+    def finish_trial_counted(
+        self,
+        trial_id: int,
+        lease_token: str,
+        state: TrialState | str,
+        *,
+        metrics: dict[str, Any] | None = None,
+        error: str | None = None,
+        log_tail: str | None = None,
+        now: datetime | None = None,
+        check: Callable[[Trial], str | None] | None = None,
+    ) -> tuple[Trial, Trial | None, StudyCounts | None]:
+        """:meth:`finish_trial` in one transaction with what a report needs around it:
+        ``check(trial)`` runs on the locked, still leased trial before it changes, and may
+        refuse the report (raise) or return the error text to record instead of ``error``;
+        the study's counts after the change come back as the third item (None for a
+        repeated report, which changes nothing).
+
         A ``failed`` trial gets a retry (a new waiting trial with the same params and the
         next attempt number) while ``attempt < study.max_attempts``. Repeating the same
         report with the same token changes nothing and returns the same answer, so a worker
@@ -664,8 +689,10 @@ class Store:
                         f"trial {trial_id} is already {current} and cannot become {new}"
                     )
                 retry = s.scalar(select(TrialRow).where(TrialRow.retry_of == row.id))
-                return _trial(row), None if retry is None else _trial(retry)
+                return _trial(row), None if retry is None else _trial(retry), None
             _check_lease(row, lease_token)
+            if check is not None:
+                error = check(_trial(row))
             row.state = new.value
             row.metrics = metrics_json
             row.error = error
@@ -681,8 +708,8 @@ class Store:
             _event(s, row, TrialState.RUNNING, new, now, row.worker_id, detail)
             s.flush()
             hours = _gpu_hours(metrics_json) if row.source != "imported" else 0.0
-            _count(s, row.study_id, running=-1, gpu_hours=hours)  # last: see lease_trials
-            return _trial(row), None if retry_row is None else _trial(retry_row)
+            counts = _count(s, row.study_id, running=-1, gpu_hours=hours)  # last: lease_trials
+            return _trial(row), None if retry_row is None else _trial(retry_row), counts
 
     def release_trial(self, trial_id: int, lease_token: str) -> Trial:
         """Give a leased trial back (running -> waiting), e.g. when a worker shuts down."""
