@@ -67,6 +67,8 @@ from cubic.store.objects import (
 
 LEASE_EXPIRED = "lease expired"
 MAX_LOG_TAIL = 64 * 1024
+#: Worker bindings a store keeps in memory (a few MiB at most).
+MAX_BOUND_WORKERS = 65_536
 """Characters of a trial's log kept in the database (the end of the log is what matters)."""
 
 _PG_STUDY_LOCK_NS = 0x63756270
@@ -111,6 +113,9 @@ class Store:
         )
         self._pg = is_postgresql(self._engine)
         self._pg_schema: str | None = None  # read on the first advisory lock
+        # Worker id -> the token it is bound to. A binding never changes once made, so
+        # every process may keep what it has read (bounded: cleared when full).
+        self._bound: dict[str, int] = {}
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(
             self._engine, expire_on_commit=False, execution_options={WRITE_OPTION: True}
@@ -258,7 +263,7 @@ class Store:
     def bind_worker(self, worker_id: str, token_id: int) -> int:
         """Bind a worker id to the token that first uses it; returns the token it is bound
         to (another one's: the caller may not act as that worker)."""
-        bound = self.worker_token(worker_id)  # a read: every lease asks, once binds
+        bound = self.worker_token(worker_id)  # every lease asks: from memory once read
         if bound is not None:
             return bound
         try:
@@ -266,6 +271,7 @@ class Store:
                 s.add(
                     WorkerIdentityRow(worker_id=worker_id, token_id=token_id, created_at=_utcnow())
                 )
+            self._bound[worker_id] = token_id
             return token_id
         except StorageError:  # another request bound it first
             bound = self.worker_token(worker_id)
@@ -277,9 +283,16 @@ class Store:
         """The token a worker id is bound to, if any."""
         if worker_id is None:
             return None
+        if worker_id in self._bound:
+            return self._bound[worker_id]
         with self._session(write=False) as s:
             row = s.get(WorkerIdentityRow, worker_id)
-            return None if row is None else row.token_id
+            if row is None:
+                return None
+            if len(self._bound) >= MAX_BOUND_WORKERS:
+                self._bound.clear()
+            self._bound[worker_id] = row.token_id
+            return row.token_id
 
     def get_study(self, study_id: int) -> Study:
         with self._session(write=False) as s:

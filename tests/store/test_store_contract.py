@@ -828,3 +828,30 @@ def test_counter_of_sources_and_states(store: Store) -> None:
     trials = store.list_trials(study.id)
     assert [t.number for t in trials] == [0, 1, 2]
     assert Counter(t.source for t in trials) == {"baseline": 1, "imported": 1, "retry": 1}
+
+
+def test_a_worker_binding_is_kept_once_read(store: Store, db_url: str) -> None:
+    """A worker id belongs to the first token that used it, for good: a store answers
+    later lookups from memory (a lease and a report each ask), and another store (another
+    API process) reads the same binding from the database."""
+    from sqlalchemy import event
+
+    a, _ = store.create_token("a", "worker")
+    b, _ = store.create_token("b", "worker")
+    assert store.worker_token("w-1") is None
+    assert store.bind_worker("w-1", a.id) == a.id
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store._engine, "before_cursor_execute", record)
+    try:
+        assert store.bind_worker("w-1", b.id) == a.id  # taken: b may not act as w-1
+        assert store.worker_token("w-1") == a.id
+    finally:
+        event.remove(store._engine, "before_cursor_execute", record)
+    assert seen == []
+    with Store(db_url) as other:
+        assert other.bind_worker("w-1", b.id) == a.id
+        assert other.worker_token("w-2") is None
