@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
@@ -69,6 +70,10 @@ LEASE_EXPIRED = "lease expired"
 MAX_LOG_TAIL = 64 * 1024
 #: Worker bindings a store keeps in memory (a few MiB at most).
 MAX_BOUND_WORKERS = 65_536
+#: How long a token read from the database is trusted without reading it again, and how
+#: many a store keeps: the longest a revocation takes to reach another API process.
+TOKEN_CACHE_S = 2.0
+MAX_CACHED_TOKENS = 4_096
 """Characters of a trial's log kept in the database (the end of the log is what matters)."""
 
 _PG_STUDY_LOCK_NS = 0x63756270
@@ -116,6 +121,7 @@ class Store:
         # Worker id -> the token it is bound to. A binding never changes once made, so
         # every process may keep what it has read (bounded: cleared when full).
         self._bound: dict[str, int] = {}
+        self._tokens: dict[str, tuple[float, ApiToken]] = {}  # digest -> (read at, token)
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(
             self._engine, expire_on_commit=False, execution_options={WRITE_OPTION: True}
@@ -229,13 +235,24 @@ class Store:
 
     def token_for(self, secret: str, touch_after_s: float = 60.0) -> ApiToken | None:
         """The token whose secret this is (revoked ones included), or None. Its
-        ``last_used_at`` is brought up to date at most every ``touch_after_s``."""
+        ``last_used_at`` is brought up to date at most every ``touch_after_s``.
+
+        A token found is kept in memory for :data:`TOKEN_CACHE_S` seconds, so that a
+        worker's lease and report do not each read it again: a revocation reaches this
+        store at once and every other process within that time."""
+        digest = token_digest(secret)
+        cached = self._tokens.get(digest)
+        if cached is not None and time.monotonic() - cached[0] < TOKEN_CACHE_S:
+            return cached[1]
         now = _utcnow()
         with self._session(write=False) as s:
-            row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.digest == token_digest(secret)))
+            row = s.scalar(select(ApiTokenRow).where(ApiTokenRow.digest == digest))
             if row is None:
                 return None
             token = _token(row)
+        if len(self._tokens) >= MAX_CACHED_TOKENS:
+            self._tokens.clear()
+        self._tokens[digest] = (time.monotonic(), token)
         last = token.last_used_at
         if token.revoked_at is None and (
             last is None or (now - last).total_seconds() > touch_after_s
@@ -258,6 +275,8 @@ class Store:
                 raise NotFound(f"token {token_id} does not exist")
             if row.revoked_at is None:
                 row.revoked_at = _utcnow()
+            for digest in [d for d, (_, t) in list(self._tokens.items()) if t.id == token_id]:
+                self._tokens.pop(digest, None)
             return _token(row)
 
     def bind_worker(self, worker_id: str, token_id: int) -> int:

@@ -855,3 +855,39 @@ def test_a_worker_binding_is_kept_once_read(store: Store, db_url: str) -> None:
     with Store(db_url) as other:
         assert other.bind_worker("w-1", b.id) == a.id
         assert other.worker_token("w-2") is None
+
+
+def test_a_token_is_read_again_only_after_a_while(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every authenticated request looks its token up: a store trusts what it read for
+    ``TOKEN_CACHE_S``; a revocation reaches the revoking store at once and another store
+    (another API process) once that time is up."""
+    from sqlalchemy import event
+
+    from cubic.store import repository
+
+    tok, secret = store.create_token("w", "worker")
+    first = store.token_for(secret)
+    assert first is not None and first.id == tok.id
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store._engine, "before_cursor_execute", record)
+    try:
+        again = store.token_for(secret)
+    finally:
+        event.remove(store._engine, "before_cursor_execute", record)
+    assert again is not None and again.id == tok.id and seen == []
+    assert store.token_for("not-a-token") is None
+    with Store(db_url) as other:
+        cached = other.token_for(secret)
+        assert cached is not None and cached.revoked_at is None
+        store.revoke_token(tok.id)
+        revoked = store.token_for(secret)
+        assert revoked is not None and revoked.revoked_at is not None
+        monkeypatch.setattr(repository, "TOKEN_CACHE_S", 0.0)
+        later = other.token_for(secret)
+        assert later is not None and later.revoked_at is not None
