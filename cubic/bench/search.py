@@ -957,7 +957,11 @@ class BenchResult:
         }
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        """Write the results (whole or none: a reader never sees half a file)."""
+        path = Path(path)
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        part.replace(path)
 
     def plot(self, path: str | Path) -> None:
         from cubic.bench.plot import plot_convergence
@@ -1036,8 +1040,12 @@ def run_benchmark(
     noise: NoiseModel | None = None,
     through_service: bool = False,
     job_clock: float | None = None,
+    checkpoint: Path | None = None,
 ) -> BenchResult:
     """Run every strategy on every study for every seed; ``progress(run, done, total)``.
+
+    ``checkpoint``: the results so far are written there (JSON) after every run, so that a
+    long benchmark that is stopped or breaks keeps what it measured.
 
     ``through_service``: each run goes through a real API process and HTTP workers
     (:mod:`cubic.bench.through_service`, whose jobs take ``job_clock`` wall seconds per
@@ -1098,6 +1106,8 @@ def run_benchmark(
                     info=info,
                 )
                 result.runs.append(run)
+                if checkpoint is not None:
+                    result.write_json(checkpoint)
                 if progress is not None:
                     progress(run, len(result.runs), total)
     return result
@@ -1226,6 +1236,7 @@ def bench_search(
             progress=step,
             through_service=through_service,
             job_clock=job_clock,
+            checkpoint=json_out,
         )
     result.skipped = skipped
     for table in result.tables():

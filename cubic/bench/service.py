@@ -44,6 +44,10 @@ def pg_schema(base_url: str) -> Any:
     return temporary_schema(base_url, prefix="cubic_bench")
 
 
+#: How long a benchmark waits for its API server to answer /readyz: generous, since a
+#: loaded machine (a test suite or another benchmark beside it) can take minutes to start it.
+SERVER_READY_S = 300.0
+
 _SERVERS: dict[str, tuple[int, int]] = {}  # base URL -> (uvicorn's pid, API processes)
 
 
@@ -90,7 +94,7 @@ def _serve(api_workers: int, env: dict[str, str], port: int, errors: Any) -> Ite
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + SERVER_READY_S
         while True:
             if proc.poll() is not None:
                 errors.seek(0)
@@ -101,7 +105,7 @@ def _serve(api_workers: int, env: dict[str, str], port: int, errors: Any) -> Ite
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not become ready within 60 s")
+                raise RuntimeError(f"uvicorn did not become ready within {SERVER_READY_S:g} s")
             time.sleep(0.2)
         _SERVERS[url] = (proc.pid, api_workers)
         yield url

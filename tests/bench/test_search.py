@@ -278,3 +278,24 @@ def test_a_two_objective_run_is_scored_by_the_hypervolume_of_its_front(
     assert run.n_trials == info.size  # every valid config, once
     assert np.all(np.diff(run.curve) >= -1e-12) and max(run.curve) <= 1 + 1e-9
     assert run.curve[-1] == pytest.approx(1.0)
+
+
+def test_a_benchmark_keeps_every_finished_run_when_it_breaks(
+    llm_study: Path, tmp_path: Path
+) -> None:
+    """``checkpoint``: the runs measured so far are on disk after each run, so that a
+    benchmark of hours that breaks (or is stopped) keeps what it measured."""
+    out = tmp_path / "bench.json"
+
+    def broken(run: Any, done: int, total: int) -> None:
+        if done == 2:
+            raise RuntimeError("the machine went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        run_benchmark(
+            [llm_study], ["random"], [0, 1, 2], workers=2, budget=4, progress=broken,
+            checkpoint=out,
+        )  # fmt: skip
+    saved = json.loads(out.read_text())
+    assert [r["seed"] for r in saved["runs"]] == [0, 1]
+    assert not (tmp_path / "bench.json.part").exists()
