@@ -152,6 +152,8 @@ class Tuner:
         self._strategies: dict[int, Strategy] = {}
         self._priors: dict[str, tuple[float, list[tuple[Workload, Trial]]]] = {}
         self._local_locks: dict[int, threading.Lock] = {}
+        # Study -> its count of proposals right after this process's latest round.
+        self._proposed_to: dict[int, int] = {}
         self._local_guard = threading.Lock()
 
     @contextlib.contextmanager
@@ -355,6 +357,7 @@ class Tuner:
             predicted=[p.predicted for p in proposals],
         )
         self._remember(study_id, added)
+        self._proposed_to[study_id] = counts.proposed + len(added)
         return len(added)
 
     def to_fill(self) -> list[int]:
@@ -427,15 +430,23 @@ class Tuner:
 
     def prefit(self, study_ids: Sequence[int] | None = None) -> list[int]:
         """Fit ahead of demand the models of running studies whose strategy fits its own
-        (those this process has proposed for); returns the ids of those refitted."""
+        and for which this process made the latest proposals; returns the ids of those
+        refitted.
+
+        Of several API processes, the one that proposed last is the likeliest to propose
+        next (its model is the freshest): the others leave the study alone rather than each
+        fit the same model; one that proposes later fits in its round."""
         fitted = []
         for sid in list(self._strategies) if study_ids is None else study_ids:
             strategy = self._strategies.get(sid)
             if strategy is None or not hasattr(strategy, "prefit"):
                 continue
             try:
-                if self.store.get_study(sid).state != StudyState.RUNNING:
+                counts = self.store.study_counts(sid)
+                if counts.state != StudyState.RUNNING:
                     continue
+                if counts.proposed != self._proposed_to.get(sid):
+                    continue  # another process proposed since
                 kind = self.resolved(sid).workload.kind
                 strategy.set_prior(self._prior(kind, sid))
                 if strategy.prefit(self._history(sid)):

@@ -370,6 +370,35 @@ def test_the_service_fits_each_study_s_own_model_ahead_of_demand(store: Store) -
     assert strategy._model is fitted  # the round used the model fitted ahead of it
 
 
+def test_of_two_processes_only_the_latest_proposer_fits_ahead(store: Store) -> None:
+    """Each API process's background process fits ahead the studies it proposes for: of
+    several, only the one that proposed last does (it is the likeliest to propose next),
+    instead of every one of them fitting the same model."""
+    from cubic.sim.job import NoiseModel, run_job
+    from cubic.study import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    spec, base = load_spec(root / "search_spaces" / "bench" / "dlrm_dot_a100x8.study.yaml")
+    a = Tuner(store, background_fit=True)
+    b = Tuner(store, background_fit=True)  # another API process on the same database
+    sid = a.create_study(spec, base).id
+    wl = a.resolved(sid).workload
+
+    def run(tuner: Tuner, n: int) -> None:
+        done = 0
+        while done < n:
+            for t in tuner.ask(sid, "w", 1):
+                tuner.tell(t.id, t.lease_token, run_job(wl, t.params, noise=NoiseModel.off()))
+                done += 1
+
+    run(a, 9)  # the baseline and the warm-up, proposed by a
+    assert b.fill(sid) > 0  # b proposes the next round (and fits for it)
+    assert a.prefit() == []  # b proposed since: a leaves the study to b
+    run(b, 8)
+    assert b.prefit() == [sid]
+    assert a.prefit() == []
+
+
 def test_the_pruner_never_stops_the_baseline_not_even_its_retry(tuner: Tuner) -> None:
     from cubic.pruning import Progress
 
