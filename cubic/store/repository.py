@@ -650,23 +650,12 @@ class Store:
             return _trial(row)
 
     def finish_trial(
-        self,
-        trial_id: int,
-        lease_token: str,
-        state: TrialState | str,
-        *,
-        metrics: dict[str, Any] | None = None,
-        error: str | None = None,
-        log_tail: str | None = None,
-        now: datetime | None = None,
+        self, trial_id: int, lease_token: str, state: TrialState | str, **options: Any
     ) -> tuple[Trial, Trial | None]:
-        """Report the outcome of a leased trial; returns (trial, retry or None).
-
-        :meth:`finish_trial_counted` also takes a check and returns the study's counts.
-        """
-        trial, retry, _ = self.finish_trial_counted(
-            trial_id, lease_token, state, metrics=metrics, error=error, log_tail=log_tail, now=now
-        )
+        """Report the outcome of a leased trial; returns (trial, retry or None). The
+        ``options`` (metrics, error, log_tail, now, check) are :meth:`finish_trial_counted`'s,
+        which also returns the study's counts."""
+        trial, retry, _ = self.finish_trial_counted(trial_id, lease_token, state, **options)
         return trial, retry
 
     def finish_trial_counted(
@@ -681,7 +670,7 @@ class Store:
         now: datetime | None = None,
         check: Callable[[Trial], str | None] | None = None,
     ) -> tuple[Trial, Trial | None, StudyCounts | None]:
-        """:meth:`finish_trial` in one transaction with what a report needs around it:
+        """Report the outcome of a leased trial, in one transaction with what a report needs:
         ``check(trial)`` runs on the locked, still leased trial before it changes, and may
         refuse the report (raise) or return the error text to record instead of ``error``;
         the study's counts after the change come back as the third item (None for a
