@@ -19,7 +19,7 @@ from rich.table import Table
 
 from cubic.errors import CubicError, InvalidInput
 from cubic.pruning import PROGRESS_REPORT_S
-from cubic.retry import DEFAULT_OUTAGE_S, INTERACTIVE_OUTAGE_S
+from cubic.retry import DEFAULT_OUTAGE_S
 
 if TYPE_CHECKING:
     from cubic.client import CubicClient
@@ -61,15 +61,16 @@ def _client(url: str) -> CubicClient:
     seconds (60 by default) of an unreachable service, not a worker's 15 minutes."""
     import os
 
-    from cubic.client import CubicClient
+    from pydantic import ValidationError
 
-    raw = os.environ.get("CUBIC_OUTAGE_S", str(INTERACTIVE_OUTAGE_S))
+    from cubic.client import CubicClient
+    from cubic.config import ClientSettings
+
     try:
-        outage_s = float(raw)
-    except ValueError:
-        outage_s = -1.0
-    if not outage_s >= 0:
-        raise CubicError(f"CUBIC_OUTAGE_S must be a number of seconds >= 0, not {raw!r}")
+        outage_s = ClientSettings().outage_s
+    except ValidationError:
+        raw = os.environ.get("CUBIC_OUTAGE_S")
+        raise CubicError(f"CUBIC_OUTAGE_S must be a number of seconds >= 0, not {raw!r}") from None
     return CubicClient(url, outage_s=outage_s)
 
 

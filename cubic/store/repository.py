@@ -250,9 +250,7 @@ class Store:
             if row is None:
                 return None
             token = _token(row)
-        if len(self._tokens) >= MAX_CACHED_TOKENS:
-            self._tokens.clear()
-        self._tokens[digest] = (time.monotonic(), token)
+        _keep(self._tokens, digest, (time.monotonic(), token), MAX_CACHED_TOKENS)
         last = token.last_used_at
         if token.revoked_at is None and (
             last is None or (now - last).total_seconds() > touch_after_s
@@ -290,7 +288,7 @@ class Store:
                 s.add(
                     WorkerIdentityRow(worker_id=worker_id, token_id=token_id, created_at=_utcnow())
                 )
-            self._bound[worker_id] = token_id
+            _keep(self._bound, worker_id, token_id, MAX_BOUND_WORKERS)
             return token_id
         except StorageError:  # another request bound it first
             bound = self.worker_token(worker_id)
@@ -308,9 +306,7 @@ class Store:
             row = s.get(WorkerIdentityRow, worker_id)
             if row is None:
                 return None
-            if len(self._bound) >= MAX_BOUND_WORKERS:
-                self._bound.clear()
-            self._bound[worker_id] = row.token_id
+            _keep(self._bound, worker_id, row.token_id, MAX_BOUND_WORKERS)
             return row.token_id
 
     def get_study(self, study_id: int) -> Study:
@@ -1241,6 +1237,14 @@ def _study_counts(s: Session, study_id: int) -> StudyCounts:
     if row is None:
         raise NotFound(f"study {study_id} not found")
     return _counts_of(row)
+
+
+def _keep(cache: dict[Any, Any], key: Any, value: Any, cap: int) -> None:
+    """Remember ``key`` in a per-process cache of at most ``cap`` entries (emptied when
+    full: what it holds is cheap to read again)."""
+    if len(cache) >= cap:
+        cache.clear()
+    cache[key] = value
 
 
 def _count(

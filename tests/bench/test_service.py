@@ -41,15 +41,16 @@ PG = os.environ.get("CUBIC_TEST_DATABASE_URL")
 @pytest.mark.xdist_group("many-processes")
 def test_jobs_that_take_time_hold_their_workers_in_both_systems() -> None:
     """With ``job_s`` each trial holds its worker that long in cubic and in the Optuna
-    reference alike: neither can finish more than ``workers / job_s`` trials a second."""
-    job_s, workers = 0.5, 4
+    reference alike: neither can finish more than ``workers / job_s`` trials a second (one
+    here; with instant jobs either runs several a second even on a loaded machine)."""
+    job_s, workers = 2.0, 2
     res = bench_service(
-        PG, trials=24, workers=workers, api_workers=1, strategy="random", job_s=job_s
+        PG, trials=8, workers=workers, api_workers=1, strategy="random", job_s=job_s
     )
     assert res["settings"]["job_s"] == job_s
     inv = res["invariants"]
     assert inv["study_state"] == "completed" and inv["lost_reports"] == []
     for system in ("cubic", "optuna"):
         r = res[system]
-        assert r["trials"] >= 24, r
+        assert r["trials"] >= 8, r
         assert 0 < r["trials_per_s"] <= workers / job_s, r
