@@ -13,13 +13,14 @@ proposed. Then two explicit phases:
    ``transfer_tau``).
 2. **Model-guided** rounds: fit the proxy (:class:`cubic.proxy.model.ProxyModel`) on every
    finished trial (this study's and the prior), build a pool of up to ``pool_size``
-   runnable candidates (plus mutations of the best trials so far, plus TPE's proposals
-   while the history is small, filtered the same way), score each by the constrained
+   runnable candidates (plus mutations of the best trials so far, every one-knob-step
+   neighbour of the best measured configs, plus TPE's proposals while the history is
+   small, filtered the same way), score each by the constrained
    expected improvement over the best measured value (the proxy's expected gain in log
    throughput, times the classifier's probability of running and the memory model's
-   probability of fitting), taking turns with an upper confidence bound times the same
-   probabilities (``acquisition="portfolio"``; ``"ei"`` or ``"ucb"`` alone), and choose a
-   diverse batch: after each pick, candidates close to it (in knob-rank space) are
+   probability of fitting), taking turns with an upper and a lower confidence bound times
+   the same probabilities (``acquisition="portfolio"``; ``"ei"`` or ``"ucb"`` alone), and
+   choose a diverse batch: after each pick, candidates close to it (in knob-rank space) are
    penalised, so parallel workers do not all measure the same neighbourhood, and a config
    whose memory is in doubt waits while a running job close to it in memory will settle
    that doubt. No prediction is trusted closer than ``ei_floor`` (3 %, the scale of the
@@ -76,6 +77,9 @@ _TRANSFER_CACHE: dict[str, float] = {}
 #: How a round scores candidates: expected improvement over the best measured value, or an
 #: upper confidence bound (see :meth:`CubicStrategy._guided`).
 ACQUISITIONS = ("portfolio", "ei", "ucb")
+#: What the portfolio takes turns between: expected improvement, the upper and the lower
+#: confidence bound.
+TURNS = ("ei", "ucb", "lcb")
 #: A two-objective study's picks for the front's fast end, named by the single-objective
 #: acquisition that chose them (see ``front_anchor``).
 ANCHORS = {"ei": "anchor-ei", "ucb": "anchor-ucb"}
@@ -112,6 +116,7 @@ class CubicStrategy(Strategy):
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
         acquisition: str = "portfolio",
+        turns: Sequence[str] = ("ei", "ucb", "ei", "lcb"),
         ei_floor: float = 0.03,
         familiar_floor: bool = True,
         gp_linear: bool | None = None,
@@ -149,6 +154,9 @@ class CubicStrategy(Strategy):
         if acquisition not in ACQUISITIONS:
             raise ValueError(f"acquisition must be one of {ACQUISITIONS}, got {acquisition!r}")
         self.acquisition = acquisition
+        if not turns or set(turns) - set(TURNS):
+            raise ValueError(f"turns must be acquisitions among {TURNS}, got {list(turns)!r}")
+        self.turns = list(turns)
         self.ei_floor = ei_floor
         self.familiar_floor = familiar_floor
         # The GP's linear part (see ProxyModel): on for one objective; with two, on the
@@ -690,16 +698,11 @@ class CubicStrategy(Strategy):
         """The best configs to mutate: this study's eight best trials, or, while it has
         measured fewer than ``warmup``, the best of every prior workload as well (the
         fastest configs of a similar job are the likeliest to be fast here)."""
-        ranked = sorted(
-            ((v, t) for t in history for v in [self._value(t)[0]] if v is not None),
-            key=lambda p: p[0],
-            reverse=True,
-        )
-        out = [t.params for _, t in ranked[:8]]
+        out = self._measured_best(history, 8)
         if len(self.study.spec.objectives) > 1:  # and every trial on the measured front
             front = self._measured_front(history)[0]
             out += [t.params for t in front if t.params not in out]
-        if len(ranked) < self.warmup:
+        if sum(self._value(t)[0] is not None for t in history) < self.warmup:
             out += self._prior_elites()
         return out
 
@@ -729,25 +732,48 @@ class CubicStrategy(Strategy):
         self._prior_best = (key, out)
         return out
 
+    def _finite_knobs(self) -> list[tuple[Any, list[Any]]]:
+        """(parameter, grid) of each knob a step can move: finite, with two or more values,
+        not fixed by the context."""
+        space = self.study.space
+        fixed = space.fixed(self.context)
+        return [
+            (p, grid)
+            for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
+            if isinstance(grid, list) and len(grid) > 1 and p.name not in fixed
+        ]
+
+    def _stepped(
+        self,
+        raw: dict[str, np.ndarray],
+        finite: list[tuple[Any, list[Any]]],
+        rng: np.random.Generator | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The valid rows of stepped raw columns, completed (derived values computed). A
+        knob that a step made active takes a random value of its grid (with ``rng``) or its
+        first."""
+        space = self.study.space
+        for p, grid in finite:  # a knob switched on by a step may hold an inactive default
+            bad = np.flatnonzero(~np.isin(raw[p.name], np.asarray(grid, dtype=object)))
+            if len(bad):
+                pick = rng.integers(0, len(grid), len(bad)) if rng else np.zeros(len(bad), int)
+                raw[p.name][bad] = [grid[i] for i in pick]
+        cols = {p.name: p.array(raw[p.name].tolist()) for p in space.parameters}
+        arrays, keep = space.resolve_arrays(cols, self.context)
+        return {k: v[keep] for k, v in arrays.items()}
+
     def _mutants(
         self, elites: Sequence[dict[str, Any]], m: int, rng: np.random.Generator
     ) -> dict[str, np.ndarray]:
         """``m`` valid configs one or two knob steps from ``elites`` (vectorised)."""
         space = self.study.space
-        if not elites:
+        finite = self._finite_knobs()
+        if not elites or not finite:
             return {}
         base = space.to_arrays(list(elites))
         rows = rng.integers(0, len(elites), m)
         # Object columns: a fixed-width string array would truncate a longer choice.
         raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items() if k in space.names}
-        fixed = space.fixed(self.context)
-        finite = [
-            (p, grid)
-            for p, (_, grid) in zip(space.parameters, self._grids, strict=True)
-            if isinstance(grid, list) and len(grid) > 1 and p.name not in fixed
-        ]
-        if not finite:
-            return {}
         for step in range(2):
             pick = rng.integers(0, len(finite), m)
             moving = np.ones(m, dtype=bool) if step == 0 else rng.random(m) < 0.5
@@ -759,13 +785,38 @@ class CubicStrategy(Strategy):
                 cur = np.array([index.get(v, 0) for v in raw[p.name][rows_j].tolist()])
                 new = np.clip(cur + rng.choice([-1, 1], len(rows_j)), 0, len(grid) - 1)
                 raw[p.name][rows_j] = [grid[i] for i in new]
-        for p, grid in finite:  # a knob switched on by a step may hold an inactive default
-            bad = np.flatnonzero(~np.isin(raw[p.name], np.asarray(grid, dtype=object)))
-            if len(bad):
-                raw[p.name][bad] = [grid[i] for i in rng.integers(0, len(grid), len(bad))]
-        raw = {p.name: p.array(raw[p.name].tolist()) for p in space.parameters}
-        arrays, keep = space.resolve_arrays(raw, self.context)
-        return {k: v[keep] for k, v in arrays.items()}
+        return self._stepped(raw, finite, rng)
+
+    def _measured_best(self, history: Sequence[Trial], k: int = 64) -> list[dict[str, Any]]:
+        """The ``k`` best measured configs of this study."""
+        ranked = sorted(
+            ((v, t) for t in history for v in [self._value(t)[0]] if v is not None),
+            key=lambda p: p[0],
+            reverse=True,
+        )
+        return [t.params for _, t in ranked[:k]]
+
+    def _neighbours(self, configs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+        """Every valid config one knob step from one of ``configs`` (vectorised)."""
+        space = self.study.space
+        finite = self._finite_knobs()
+        if not configs or not finite:
+            return {}
+        base = space.to_arrays(list(configs))
+        # One row per (config, knob, direction).
+        rows = np.repeat(np.arange(len(configs)), 2 * len(finite))
+        knob = np.tile(np.repeat(np.arange(len(finite)), 2), len(configs))
+        step = np.tile([-1, 1], len(configs) * len(finite))
+        raw = {k: np.asarray(v)[rows].astype(object) for k, v in base.items() if k in space.names}
+        inside = np.ones(len(rows), dtype=bool)
+        for j, (p, grid) in enumerate(finite):
+            r = np.flatnonzero(knob == j)
+            index = {v: i for i, v in enumerate(grid)}
+            new = np.array([index.get(v, -2) for v in raw[p.name][r].tolist()]) + step[r]
+            good = (new >= 0) & (new < len(grid))  # an inactive knob's default is not moved
+            inside[r[~good]] = False
+            raw[p.name][r[good]] = [grid[i] for i in new[good]]
+        return self._stepped({k: v[inside] for k, v in raw.items()}, finite)
 
     def _pool(
         self, history: Sequence[Trial], seen: set[str], rng: np.random.Generator
@@ -788,7 +839,12 @@ class CubicStrategy(Strategy):
         space = self.study.space
         elites = self._elites(history)
         mutants = self._mutants(elites, max(200, self.pool_size // 5), rng)
-        for cfg in [*elites, *(space.from_arrays(mutants) if mutants else [])]:
+        near = self._neighbours(self._measured_best(history))
+        for cfg in [
+            *elites,
+            *(space.from_arrays(mutants) if mutants else []),
+            *(space.from_arrays(near) if near else []),
+        ]:
             k = config_key(cfg)
             if k not in taken:
                 taken.add(k)
@@ -913,11 +969,13 @@ class CubicStrategy(Strategy):
         sd: np.ndarray,
         p: np.ndarray,
         p_fit: np.ndarray | None = None,
+        lower: bool = True,
     ) -> _Picker:
         """The single-objective acquisition over a pool (features ``X``, knob-rank
         positions ``pos``, reduced-precision sites ``N``, the proxy's log-throughput ``mu``
         and ``sd``, probability of running ``p``): constrained expected improvement taking
-        turns with the upper bound, as the module docstring says, with a diverse batch."""
+        turns with the upper bound and, with ``lower``, the lower bound, as the module
+        docstring says, with a diverse batch."""
         from cubic.proxy.features import featurize
 
         if p_fit is None:
@@ -941,10 +999,16 @@ class CubicStrategy(Strategy):
             floor = np.maximum(sd, self.ei_floor * np.sqrt(np.clip(1.0 - fam**2, 0.0, 1.0)))
             ei = _expected_improvement(mu, floor, float(np.log(max(values))))
             gains["ei"] = ei + 1e-12 * gains["ucb"]
-        # The portfolio takes turns: one proposal by expected improvement, the next by the
-        # upper bound (counted over the study's model-guided proposals).
+        # The portfolio takes turns (``turns``, counted over the study's model-guided
+        # proposals): by default half by expected improvement, a quarter each by the upper
+        # and the lower bound. EI and UCB both favour the configs the models are least
+        # sure of, and the best-predicted of many uncertain configs is overpredicted (the
+        # winner's curse): the lower bound's turns go to the config the models are surest
+        # is fast, often one knob step from the best measured.
+        lcb = mu - sd
+        gains["lcb"] = np.exp(lcb - lcb.max())
         turns = (
-            ["ei", "ucb"]
+            [t for t in self.turns if lower or t != "lcb"] or ["ei"]
             if self.acquisition == "portfolio" and "ei" in gains
             else ["ei" if "ei" in gains and self.acquisition == "ei" else "ucb"]
         )
@@ -1203,8 +1267,10 @@ class CubicStrategy(Strategy):
         for i in range(min(n, len(pool))):
             if self.front_anchor > 0 and (done + i) % self.front_anchor == 0:
                 if picker is None:
+                    # The anchors take the two optimistic turns: they are there to push
+                    # the front's fast end outward.
                     picker = self._throughput_picker(
-                        model, history, X, pos, N, mu, sd_raw, p, p_fit
+                        model, history, X, pos, N, mu, sd_raw, p, p_fit, lower=False
                     )
                     for taken in batch:
                         picker.taken(taken)

@@ -76,7 +76,7 @@ def test_single_objective_proposals_carry_no_front_fields() -> None:
     one = spec.model_copy(update={"objectives": spec.objectives[:1]}).resolve(base)
     history = _run(one, make_strategy(one), 16)
     assert all("values" not in t.predicted for t in history)
-    assert {t.predicted.get("acquisition") for t in history[8:]} <= {"ei", "ucb"}
+    assert {t.predicted.get("acquisition") for t in history[8:]} <= {"ei", "ucb", "lcb"}
 
 
 def test_three_objectives_take_random_scalarisations() -> None:
