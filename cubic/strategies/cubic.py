@@ -23,11 +23,13 @@ proposed. Then two explicit phases:
    choose a diverse batch: after each pick, candidates close to it (in knob-rank space) are
    penalised, so parallel workers do not all measure the same neighbourhood, and a config
    whose memory is in doubt waits while a running job close to it in memory will settle
-   that doubt. No prediction is trusted closer than ``ei_floor`` (3 %, the scale of the
-   proxy's error on configs it has not seen), so the improvement a config may bring is
-   never rounded to nothing, except as far as the GP's learned metric puts the config next
-   to a measured one (``familiar_floor``: the floor times sqrt(1 - c^2) for the kernel's
-   largest correlation c with a measured trial), so that flipping switches that have not
+   that doubt (in a first batch ranked only by other studies' trials, every other pick
+   leaves the chance to fit out: ``borrowed_turns``). No prediction is trusted closer
+   than ``ei_floor`` (3 %, the scale of the proxy's error on configs it has not seen), so
+   the improvement a config may bring is never rounded to nothing, except as far as the
+   GP's learned metric puts the config next to a measured one (``familiar_floor``: the
+   floor times sqrt(1 - c^2) for the kernel's largest correlation c with a measured
+   trial), so that flipping switches that have not
    mattered is not worth trial after trial; and each knob value no trial of the study has
    measured yet (a tp it has not run) adds ``novelty_sd`` to the spread: the models copy
    such a value's effect from the nearest measured one, and would otherwise keep the search
@@ -113,6 +115,7 @@ class CubicStrategy(Strategy):
         offset: str = "auto",
         borrowed_radius: float = 3.0,
         borrowed_kappa: float = 0.0,
+        borrowed_turns: Sequence[str] = ("ucb", "bold"),
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
         acquisition: str = "portfolio",
@@ -149,6 +152,11 @@ class CubicStrategy(Strategy):
         self.offset = offset
         self.borrowed_radius = borrowed_radius
         self.borrowed_kappa = borrowed_kappa
+        if not borrowed_turns or set(borrowed_turns) - {"ucb", "bold"}:
+            raise ValueError(
+                f"borrowed_turns must be among ('ucb', 'bold'), got {list(borrowed_turns)!r}"
+            )
+        self.borrowed_turns = list(borrowed_turns)
         self.memory_slack = memory_slack
         self.memory_power = memory_power
         if acquisition not in ACQUISITIONS:
@@ -1012,6 +1020,13 @@ class CubicStrategy(Strategy):
             if self.acquisition == "portfolio" and "ei" in gains
             else ["ei" if "ei" in gains and self.acquisition == "ei" else "ucb"]
         )
+        if not measured and self.acquisition == "portfolio":
+            # Before this study's first memory report every config near the limit has an
+            # even chance to fit, and the fastest layouts of the largest models are near
+            # it: every other pick of a borrowed batch ranks by the prediction alone, and a
+            # picked memory risk holds back the risks like it (one scout each).
+            gains["bold"] = gains["ucb"]
+            turns = list(self.borrowed_turns)
         weight = (
             np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
@@ -1029,7 +1044,9 @@ class CubicStrategy(Strategy):
         )
         scores: dict[str, np.ndarray] = {}
         for name in turns:
-            score = gains[name] * weight
+            score = gains[name] * (
+                weight if name != "bold" else np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+            )
             if np.any(likely):  # spend trials only where the config likely runs
                 score = np.where(likely, score, score * 1e-6)
             scores[name] = np.where(waiting, score * 1e-3, score)

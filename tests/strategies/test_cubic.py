@@ -254,6 +254,35 @@ def test_a_batch_ranked_only_by_other_workloads_is_spread_wider() -> None:
     assert spread(3.0) > spread(1.0)
 
 
+def test_a_borrowed_batch_takes_memory_risks_every_other_pick() -> None:
+    # Before any memory report the configs near the limit have an even chance to fit; on
+    # the 405B studies the fastest layouts are there. Half the borrowed batch ranks by the
+    # prediction alone, the other half weighs the chance to fit as every later round does.
+    target, other = _study("llama3_405b_h100x512"), _study("llama3_405b_h200x128")
+    rng = np.random.default_rng(1)
+    prior = [
+        (other.workload, _measured(other, cfg, 1000 + i))
+        for i, cfg in enumerate(other.space.sample(rng, 64, other.context))
+    ]
+    picks = {}
+    for bold in (False, True):
+        strategy = CubicStrategy(
+            target,
+            seed=0,
+            prior=prior,
+            transfer_tau=0.0,
+            borrowed_turns=("ucb", "bold") if bold else ("ucb",),
+        )
+        picks[bold] = strategy.suggest([], 8)
+    assert [p.predicted["acquisition"] for p in picks[True]] == ["ucb", "bold"] * 4
+    assert {p.predicted["acquisition"] for p in picks[False]} == {"ucb"}
+    risk = {b: min(p.predicted["p_fit"] for p in ps) for b, ps in picks.items()}
+    assert risk[True] < 0.9 <= risk[False]
+    # The cautious picks are those of the batch without bold turns.
+    cautious = [config_key(p.params) for p in picks[True][::2]]
+    assert cautious[0] == config_key(picks[False][0].params)
+
+
 def test_one_invalid_trial_rules_out_its_whole_region() -> None:
     """A config the framework rejects (not out of memory) teaches the strategy every config
     that shares what it had and no run had, not that one config alone."""
@@ -351,6 +380,8 @@ def test_the_portfolio_takes_turns_between_its_acquisitions() -> None:
         CubicStrategy(study, seed=0, acquisition="pi")
     with pytest.raises(ValueError, match="turns"):
         CubicStrategy(study, seed=0, turns=["ei", "pi"])
+    with pytest.raises(ValueError, match="borrowed_turns"):
+        CubicStrategy(study, seed=0, borrowed_turns=["ei"])
 
 
 def test_a_knob_value_no_trial_has_measured_is_an_uncertainty_of_its_own() -> None:
