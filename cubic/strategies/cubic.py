@@ -29,11 +29,11 @@ proposed. Then two explicit phases:
    the improvement a config may bring is never rounded to nothing, except as far as the
    GP's learned metric puts the config next to a measured one (``familiar_floor``: the
    floor times sqrt(1 - c^2) for the kernel's largest correlation c with a measured
-   trial), so that flipping switches that have not
-   mattered is not worth trial after trial; and each knob value no trial of the study has
-   measured yet (a tp it has not run) adds ``novelty_sd`` to the spread: the models copy
-   such a value's effect from the nearest measured one, and would otherwise keep the search
-   on the layouts it measured first.
+   trial), so that flipping switches that have not mattered is not worth trial after
+   trial; and each knob value no trial of the study has measured yet (a tp it has not run)
+   adds ``novelty_sd`` to the spread: the models copy such a value's effect from the
+   nearest measured one, and would otherwise keep the search on the layouts it measured
+   first.
 
 Both phases respect a study's numerical-error bound before any trial breaks it: an additive
 model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
@@ -186,6 +186,7 @@ class CubicStrategy(Strategy):
         # Within one suggest() the history does not change: its memory model is looked up
         # once, not once per pick (each lookup counts the finished trials of the history).
         self._round_memory: MemoryModel | None = None
+        self._round_best: list[dict[str, Any]] | None = None  # see _measured_best
         self._in_round = False
         self._regions: tuple[tuple[Any, ...], list[dict[str, Any]]] | None = None
         self._prior_best: tuple[tuple[int, int], list[dict[str, Any]]] | None = None
@@ -444,11 +445,11 @@ class CubicStrategy(Strategy):
 
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
-        self._in_round, self._round_memory = True, None
+        self._in_round, self._round_memory, self._round_best = True, None, None
         try:
             return self._suggest(history, n)
         finally:
-            self._in_round, self._round_memory = False, None
+            self._in_round, self._round_memory, self._round_best = False, None, None
 
     def _suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         own_done = [t for t in history if t.state in TrialState.LEARNED]
@@ -710,7 +711,7 @@ class CubicStrategy(Strategy):
         if len(self.study.spec.objectives) > 1:  # and every trial on the measured front
             front = self._measured_front(history)[0]
             out += [t.params for t in front if t.params not in out]
-        if sum(self._value(t)[0] is not None for t in history) < self.warmup:
+        if len(self._measured_best(history, self.warmup)) < self.warmup:
             out += self._prior_elites()
         return out
 
@@ -796,13 +797,18 @@ class CubicStrategy(Strategy):
         return self._stepped(raw, finite, rng)
 
     def _measured_best(self, history: Sequence[Trial], k: int = 64) -> list[dict[str, Any]]:
-        """The ``k`` best measured configs of this study."""
+        """The ``k`` best measured configs of this study; ranked once a round."""
+        if self._in_round and self._round_best is not None:
+            return self._round_best[:k]
         ranked = sorted(
             ((v, t) for t in history for v in [self._value(t)[0]] if v is not None),
             key=lambda p: p[0],
             reverse=True,
         )
-        return [t.params for _, t in ranked[:k]]
+        best = [t.params for _, t in ranked]
+        if self._in_round:
+            self._round_best = best
+        return best[:k]
 
     def _neighbours(self, configs: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Every valid config one knob step from one of ``configs`` (vectorised)."""
