@@ -47,6 +47,27 @@ OFFSETS = ("roofline", "fitted", "none", "auto")
 GP_MIN_ROWS = 8
 
 
+def _rank_calibration(
+    scores: np.ndarray, target: np.ndarray, groups: np.ndarray
+) -> tuple[float, float]:
+    """``(slope, intercept)`` mapping rank scores to log throughput (relative to the offset).
+
+    The slope is fitted within groups (each group's scores and targets less their means):
+    rankers order configs of one workload, and a line through several workloads' rows would
+    mix their levels of efficiency into it and flatten it, so that a strategy weighing the
+    predicted gain against the chance to fit would see almost no gain. The intercept puts
+    the line through the mean of all rows."""
+    sc, tg = scores.astype(float).copy(), target.astype(float).copy()
+    for gid in np.unique(groups):
+        rows = groups == gid
+        sc[rows] -= sc[rows].mean()
+        tg[rows] -= tg[rows].mean()
+    denom = float(np.dot(sc, sc))
+    slope = float(np.dot(sc, tg)) / denom if denom > 0 else 0.0
+    slope = max(slope, 1e-6)
+    return slope, float(np.mean(target) - slope * np.mean(scores))
+
+
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
@@ -241,11 +262,7 @@ class ProxyModel(BaseEstimator):
         self.members_ = self._fit_members(Xf, target, g[ok])
         if self.objective == "rank":
             scores = self._member_scores(Xf).mean(axis=0)
-            # Map rank scores to log throughput: one line fitted on the training rows.
-            slope, intercept = (
-                np.polyfit(scores, target, 1) if np.ptp(scores) > 0 else (0.0, float(target.mean()))
-            )
-            self.calibration_ = (float(max(slope, 1e-6)), float(intercept))
+            self.calibration_ = _rank_calibration(scores, target, g[ok])
         else:
             self.calibration_ = (1.0, 0.0)
         self.gp_ = None

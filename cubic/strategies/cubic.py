@@ -116,6 +116,7 @@ class CubicStrategy(Strategy):
         borrowed_radius: float = 3.0,
         borrowed_kappa: float = 0.0,
         borrowed_turns: Sequence[str] = ("ucb", "bold"),
+        borrowed_objective: str = "rank",
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
         acquisition: str = "portfolio",
@@ -157,6 +158,13 @@ class CubicStrategy(Strategy):
                 f"borrowed_turns must be among ('ucb', 'bold'), got {list(borrowed_turns)!r}"
             )
         self.borrowed_turns = list(borrowed_turns)
+        from cubic.proxy.model import OBJECTIVES
+
+        if borrowed_objective not in OBJECTIVES:
+            raise ValueError(
+                f"borrowed_objective must be one of {OBJECTIVES}, got {borrowed_objective!r}"
+            )
+        self.borrowed_objective = borrowed_objective
         self.memory_slack = memory_slack
         self.memory_power = memory_power
         if acquisition not in ACQUISITIONS:
@@ -629,10 +637,18 @@ class CubicStrategy(Strategy):
         from cubic.proxy.model import ProxyModel
 
         X, y, feas, groups = self._training_set(history)
-        if int(np.sum(feas & np.isfinite(y))) < 2:
+        ok = feas & np.isfinite(y)
+        if int(np.sum(ok)) < 2:
             return None
+        # Before this study has measured anything, what the model must get right is the
+        # order of configs within a workload, not their speed: trees fitted to other
+        # workloads' throughputs learn each workload's level and spread, and carry a
+        # switch's effect on those workloads' GEMM sizes over to this one's, where pairwise
+        # rankers grouped per workload learn only which of two configs of one job is faster.
+        borrowed = not np.any(ok & (groups == 0))
         model = ProxyModel(
             kind=self.study.workload.kind,
+            objective=self.borrowed_objective if borrowed else "regression",
             offset=self.offset,
             n_members=self.n_members,
             n_estimators=self.n_estimators,

@@ -11,7 +11,7 @@ import xgboost as xgb
 from sklearn.base import clone
 
 from cubic.proxy.features import OFFSET, feature_names
-from cubic.proxy.model import FORMAT, ProxyModel, select_objective
+from cubic.proxy.model import FORMAT, ProxyModel, _rank_calibration, select_objective
 from tests.proxy.simdata import measured, stacked, workload
 
 
@@ -137,6 +137,21 @@ def test_rank_objective_and_selection() -> None:
     assert set(results) == {"regression", "rank"}
     taus = {o: r["kendall_tau"] for o, r in results.items()}
     assert taus[best] == max(taus.values())
+
+
+def test_rankers_map_to_log_throughput_by_the_slope_within_workloads() -> None:
+    """Pairwise rankers fix each workload's scores only up to a shift of their own. Where
+    a workload's scores sit high and its throughput low, a line through both workloads'
+    rows slopes down and flattens every predicted gain to nothing; within each workload the
+    scores track log throughput one to one."""
+    s = np.linspace(0.0, 1.0, 50)
+    scores = np.concatenate([s, s + 5.0])
+    target = np.concatenate([s, s - 10.0])
+    groups = np.repeat([0, 1], 50)
+    assert np.polyfit(scores, target, 1)[0] < 0  # what one line through all rows says
+    slope, intercept = _rank_calibration(scores, target, groups)
+    assert slope == pytest.approx(1.0)
+    assert intercept == pytest.approx(np.mean(target) - np.mean(scores))
 
 
 def test_a_long_history_fits_and_ranks_held_out_configs() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,31 @@ def test_a_borrowed_batch_takes_memory_risks_every_other_pick() -> None:
     # The cautious picks are those of the batch without bold turns.
     cautious = [config_key(p.params) for p in picks[True][::2]]
     assert cautious[0] == config_key(picks[False][0].params)
+
+
+def test_a_borrowed_batch_is_ranked_by_pairwise_rankers_per_workload() -> None:
+    """Before this study has measured anything the proxy only has to order its configs:
+    rankers grouped per prior workload (what transfers), then regressors once trials of its
+    own are in."""
+    target = _study("llama3_70b_h100x64")
+    prior = _random_prior(_study("llama3_8b_h100x16")) + [
+        (wl, replace(t, study_id=3)) for wl, t in _random_prior(_study("llama3_405b_h200x128"))
+    ]
+    strategy = CubicStrategy(target, seed=0, prior=prior, transfer_tau=0.0)
+    assert strategy.prefit([])
+    assert strategy._model is not None and strategy._model[1].objective == "rank"
+    first = strategy.suggest([], 8)
+    assert {p.predicted["phase"] for p in first} == {"model"}
+    own = [_measured(target, p.params, i + 1) for i, p in enumerate(first)]
+    assert strategy.prefit(own)
+    assert strategy._model[1].objective == "regression"
+    legacy = CubicStrategy(
+        target, seed=0, prior=prior, transfer_tau=0.0, borrowed_objective="regression"
+    )
+    legacy.prefit([])
+    assert legacy._model is not None and legacy._model[1].objective == "regression"
+    with pytest.raises(ValueError, match="borrowed_objective"):
+        CubicStrategy(target, seed=0, borrowed_objective="lambdamart")
 
 
 def test_one_invalid_trial_rules_out_its_whole_region() -> None:
