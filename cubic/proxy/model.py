@@ -102,6 +102,7 @@ class ProxyModel(BaseEstimator):
         gp_weight: float = 0.7,
         gp_rows: int = 128,
         gp_linear: bool = True,
+        center_groups: bool = False,
         classifier_rows: int = 4000,
         seed: int = 0,
         n_jobs: int = 1,
@@ -121,6 +122,7 @@ class ProxyModel(BaseEstimator):
         self.gp_weight = gp_weight
         self.gp_rows = gp_rows
         self.gp_linear = gp_linear
+        self.center_groups = center_groups
         self.classifier_rows = classifier_rows
         self.seed = seed
         self.n_jobs = n_jobs
@@ -259,6 +261,12 @@ class ProxyModel(BaseEstimator):
         Xf = X[ok]
         self.offset_coef_ = self._fit_offset(Xf, np.log(y[ok]), g[ok])
         target = np.log(y[ok]) - self._offset(Xf)
+        if self.center_groups:
+            # Each group's mean taken out: the trees learn how configs of one workload
+            # differ, not each workload's level (which a new workload does not share).
+            for gid in np.unique(g[ok]):
+                rows = g[ok] == gid
+                target[rows] -= target[rows].mean()
         self.members_ = self._fit_members(Xf, target, g[ok])
         if self.objective == "rank":
             scores = self._member_scores(Xf).mean(axis=0)

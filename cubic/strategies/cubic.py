@@ -82,6 +82,10 @@ ACQUISITIONS = ("portfolio", "ei", "ucb")
 #: What the portfolio takes turns between: expected improvement, the upper and the lower
 #: confidence bound.
 TURNS = ("ei", "ucb", "lcb")
+#: What the proxy of a batch ranked only by other studies' trials learns (see
+#: ``borrowed_objective``): their throughputs, the same with each workload's mean taken
+#: out, or pairwise orders within each workload.
+BORROWED_OBJECTIVES = ("regression", "centered", "rank")
 #: A two-objective study's picks for the front's fast end, named by the single-objective
 #: acquisition that chose them (see ``front_anchor``).
 ANCHORS = {"ei": "anchor-ei", "ucb": "anchor-ucb"}
@@ -116,7 +120,7 @@ class CubicStrategy(Strategy):
         borrowed_radius: float = 3.0,
         borrowed_kappa: float = 0.0,
         borrowed_turns: Sequence[str] = ("ucb", "bold"),
-        borrowed_objective: str = "rank",
+        borrowed_objective: str = "centered",
         memory_slack: float = 0.15,
         memory_power: float = 1.0,
         acquisition: str = "portfolio",
@@ -158,11 +162,10 @@ class CubicStrategy(Strategy):
                 f"borrowed_turns must be among ('ucb', 'bold'), got {list(borrowed_turns)!r}"
             )
         self.borrowed_turns = list(borrowed_turns)
-        from cubic.proxy.model import OBJECTIVES
-
-        if borrowed_objective not in OBJECTIVES:
+        if borrowed_objective not in BORROWED_OBJECTIVES:
             raise ValueError(
-                f"borrowed_objective must be one of {OBJECTIVES}, got {borrowed_objective!r}"
+                f"borrowed_objective must be one of {BORROWED_OBJECTIVES}, "
+                f"got {borrowed_objective!r}"
             )
         self.borrowed_objective = borrowed_objective
         self.memory_slack = memory_slack
@@ -648,7 +651,8 @@ class CubicStrategy(Strategy):
         borrowed = not np.any(ok & (groups == 0))
         model = ProxyModel(
             kind=self.study.workload.kind,
-            objective=self.borrowed_objective if borrowed else "regression",
+            objective="rank" if borrowed and self.borrowed_objective == "rank" else "regression",
+            center_groups=borrowed and self.borrowed_objective == "centered",
             offset=self.offset,
             n_members=self.n_members,
             n_estimators=self.n_estimators,

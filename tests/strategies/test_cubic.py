@@ -285,27 +285,25 @@ def test_a_borrowed_batch_takes_memory_risks_every_other_pick() -> None:
     assert cautious[0] == config_key(picks[False][0].params)
 
 
-def test_a_borrowed_batch_is_ranked_by_pairwise_rankers_per_workload() -> None:
+def test_a_borrowed_batch_learns_how_configs_of_one_workload_differ() -> None:
     """Before this study has measured anything the proxy only has to order its configs:
-    rankers grouped per prior workload (what transfers), then regressors once trials of its
-    own are in."""
+    each prior workload's mean is taken out (its level does not transfer), and once trials
+    of its own are in, the proxy learns their throughput as it is."""
     target = _study("llama3_70b_h100x64")
     prior = _random_prior(_study("llama3_8b_h100x16")) + [
         (wl, replace(t, study_id=3)) for wl, t in _random_prior(_study("llama3_405b_h200x128"))
     ]
     strategy = CubicStrategy(target, seed=0, prior=prior, transfer_tau=0.0)
     assert strategy.prefit([])
-    assert strategy._model is not None and strategy._model[1].objective == "rank"
+    assert strategy._model is not None and strategy._model[1].center_groups
     first = strategy.suggest([], 8)
     assert {p.predicted["phase"] for p in first} == {"model"}
     own = [_measured(target, p.params, i + 1) for i, p in enumerate(first)]
     assert strategy.prefit(own)
-    assert strategy._model[1].objective == "regression"
-    legacy = CubicStrategy(
-        target, seed=0, prior=prior, transfer_tau=0.0, borrowed_objective="regression"
-    )
-    legacy.prefit([])
-    assert legacy._model is not None and legacy._model[1].objective == "regression"
+    assert not strategy._model[1].center_groups
+    ranked = CubicStrategy(target, seed=0, prior=prior, transfer_tau=0.0, borrowed_objective="rank")
+    ranked.prefit([])
+    assert ranked._model is not None and ranked._model[1].objective == "rank"
     with pytest.raises(ValueError, match="borrowed_objective"):
         CubicStrategy(target, seed=0, borrowed_objective="lambdamart")
 
