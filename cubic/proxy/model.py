@@ -57,15 +57,20 @@ def _rank_calibration(
     mix their levels of efficiency into it and flatten it, so that a strategy weighing the
     predicted gain against the chance to fit would see almost no gain. The intercept puts
     the line through the mean of all rows."""
-    sc, tg = scores.astype(float).copy(), target.astype(float).copy()
-    for gid in np.unique(groups):
-        rows = groups == gid
-        sc[rows] -= sc[rows].mean()
-        tg[rows] -= tg[rows].mean()
+    sc, tg = _centered(scores, groups), _centered(target, groups)
     denom = float(np.dot(sc, sc))
     slope = float(np.dot(sc, tg)) / denom if denom > 0 else 0.0
     slope = max(slope, 1e-6)
     return slope, float(np.mean(target) - slope * np.mean(scores))
+
+
+def _centered(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """``values`` less the mean of their group."""
+    out = values.astype(float).copy()
+    for gid in np.unique(groups):
+        rows = groups == gid
+        out[rows] -= out[rows].mean()
+    return out
 
 
 def _version(package: str) -> str:
@@ -264,9 +269,7 @@ class ProxyModel(BaseEstimator):
         if self.center_groups:
             # Each group's mean taken out: the trees learn how configs of one workload
             # differ, not each workload's level (which a new workload does not share).
-            for gid in np.unique(g[ok]):
-                rows = g[ok] == gid
-                target[rows] -= target[rows].mean()
+            target = _centered(target, g[ok])
         self.members_ = self._fit_members(Xf, target, g[ok])
         if self.objective == "rank":
             scores = self._member_scores(Xf).mean(axis=0)

@@ -645,9 +645,9 @@ class CubicStrategy(Strategy):
             return None
         # Before this study has measured anything, what the model must get right is the
         # order of configs within a workload, not their speed: trees fitted to other
-        # workloads' throughputs learn each workload's level and spread, and carry a
-        # switch's effect on those workloads' GEMM sizes over to this one's, where pairwise
-        # rankers grouped per workload learn only which of two configs of one job is faster.
+        # workloads' raw throughputs spend their splits on each workload's level
+        # (``borrowed_objective``: "centered" takes each one's mean out, "rank" learns
+        # only which of two configs of one job is faster).
         borrowed = not np.any(ok & (groups == 0))
         model = ProxyModel(
             kind=self.study.workload.kind,

@@ -154,6 +154,21 @@ def test_rankers_map_to_log_throughput_by_the_slope_within_workloads() -> None:
     assert intercept == pytest.approx(np.mean(target) - np.mean(scores))
 
 
+def test_centered_groups_learn_the_differences_within_a_workload_not_its_level() -> None:
+    rng = np.random.default_rng(0)
+    x, level = rng.uniform(0, 1, 400), np.repeat([0.0, 1.0], 200)
+    X = np.column_stack([x, level])
+    y = np.exp(x + 5.0 * level)
+    probe = np.array([[0.2, 0.0], [0.8, 0.0], [0.2, 1.0], [0.8, 1.0]])
+    means = {}
+    for center in (False, True):
+        model = ProxyModel(gp_weight=0.0, center_groups=center)
+        means[center] = model.fit(X, y, np.ones(400, bool), level).predict_log(probe)[0]
+    assert means[False][2] - means[False][0] > 4.0  # the level is learned
+    assert abs(means[True][2] - means[True][0]) < 0.2  # taken out
+    assert means[True][1] - means[True][0] > 0.4  # the difference within stays
+
+
 def test_a_long_history_fits_and_ranks_held_out_configs() -> None:
     """5,000 trials fit, and 10,000 unseen configs are ranked well (the fit and scoring
     times are printed, not asserted: a loaded machine says nothing about them)."""
