@@ -35,11 +35,14 @@ proposed. Then two explicit phases:
    nearest measured one, and would otherwise keep the search on the layouts it measured
    first.
 
-Both phases respect a study's numerical-error bound before any trial breaks it: an additive
-model of the error score over the reduced-precision sites a config switches on (FP8 GEMMs,
-all-to-all precision) is fitted to the scores jobs report, with a prior that shares the bound
-among the sites one config can switch on, and a site no trial has measured yet is tried
-alone and by one trial at a time.
+Both phases respect a study's numerical-error bound: an additive model of the error score
+over the reduced-precision sites a config switches on (FP8 GEMMs, all-to-all precision) is
+fitted to the scores jobs report, with a prior that shares the bound among the sites one
+config can switch on. In the warm-up a site no trial has measured yet is tried alone and by
+one trial at a time; a model-guided round weighs a config by its probability of respecting
+the bound (an untested site's cost drawn from the prior), as it weighs memory risks, so a
+site whose first trial is a slow layout still in flight does not hold back the configs that
+need it.
 
 A config already in the history is never proposed again. Every proposal carries what the
 proxy predicted, so predictions can be compared with measurements. In the service,
@@ -135,6 +138,7 @@ class CubicStrategy(Strategy):
         front_anchor: int = 4,
         error_prior_sd: float = 0.1,
         error_pseudo: float = 4.0,
+        untested_in_flight: int = 2,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -188,6 +192,9 @@ class CubicStrategy(Strategy):
         self.front_anchor = front_anchor
         self.error_prior_sd = error_prior_sd
         self.error_pseudo = error_pseudo
+        if untested_in_flight < 1:
+            raise ValueError(f"untested_in_flight must be at least 1, got {untested_in_flight}")
+        self.untested_in_flight = untested_in_flight
         self._sites: int | None = None
         self._model: tuple[int, ProxyModel] | None = None
         self._base: tuple[Candidates, np.ndarray] | None = None
@@ -339,8 +346,15 @@ class CubicStrategy(Strategy):
         estimate."""
         return self._check(self._memory_model(history), X)
 
-    def _within_bounds(self, history: Sequence[Trial], N: np.ndarray) -> np.ndarray:
-        """Whether each candidate's predicted numerical-error score respects the study's bound.
+    def _within_bounds(
+        self,
+        history: Sequence[Trial],
+        N: np.ndarray,
+        fitted: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Whether each candidate surely respects the study's numerical-error bound: the
+        warm-up's rule, before the proxy can weigh a risk (model-guided rounds weigh it by
+        :meth:`_bound_odds`).
 
         ``N`` holds the candidates' reduced-precision sites (:func:`cubic.proxy.features.
         numerics`). Jobs report the score they measured; it adds up over the sites a config
@@ -350,19 +364,12 @@ class CubicStrategy(Strategy):
         is assumed to cost ``error_prior`` times the bound at its most aggressive setting, and
         a config switches on at most one site no trial has measured yet: each is tried alone
         (so that a trial that breaks the bound blames one site) until it is measured.
+        ``fitted`` is :meth:`_error_model`'s answer for ``N``, where the caller has it.
         """
-        return self._bound_check(history, N)[0]
-
-    def _bound_check(
-        self, history: Sequence[Trial], N: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(:meth:`_within_bounds` of each row, the sites no measured trial has switched on
-        per row), from one fit of the error model."""
         if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
-            return np.ones(len(N), dtype=bool), np.zeros_like(N, dtype=bool)
-        predicted, seen = self._error_model(history, N)
-        ok = self._respects_bound(predicted) & self._new_site_alone(history, N, seen)
-        return ok, (N > 0) & ~seen
+            return np.ones(len(N), dtype=bool)
+        predicted, seen, _ = fitted if fitted is not None else self._error_model(history, N)
+        return self._respects_bound(predicted) & self._new_site_alone(history, N, seen)
 
     def _new_site_alone(
         self, history: Sequence[Trial], N: np.ndarray, seen: np.ndarray
@@ -394,21 +401,54 @@ class CubicStrategy(Strategy):
 
     def _untested_sites(self, history: Sequence[Trial], seen: np.ndarray) -> np.ndarray:
         """Sites no measured trial has switched on yet (``seen`` is False) but a running one
-        has: a second trial of such a site waits for the first one's score."""
+        has: in the warm-up a second trial of such a site waits for the first one's score."""
+        return self._untested_in_flight(history, seen) > 0
+
+    def _untested_in_flight(self, history: Sequence[Trial], seen: np.ndarray) -> np.ndarray:
+        """How many running trials switch on each site no measured trial has switched on."""
         from cubic.proxy.features import numerics
 
         if self.study.spec.constraints.max_error_score is None or len(seen) == 0:
-            return np.zeros(len(seen), dtype=bool)
+            return np.zeros(len(seen), dtype=int)
         running = [t.params for t in history if not t.is_finished]
         if not running:
-            return np.zeros(len(seen), dtype=bool)
-        return (numerics(self.study.workload, running) > 0).any(axis=0) & ~seen
+            return np.zeros(len(seen), dtype=int)
+        return ((numerics(self.study.workload, running) > 0) & ~seen).sum(axis=0)
+
+    def _bound_odds(self, history: Sequence[Trial], N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(probability that each row respects the study's error bound, the sites no measured
+        trial has switched on per row): what a model-guided pick weighs a candidate by.
+
+        The measured sites' costs are the error model's; a site no trial has measured yet
+        costs an exponential draw with the prior's mean (``error_prior`` times the bound
+        over the sites a config can switch on), so a candidate that needs it to cost less
+        than the prior says is a risk priced like a memory risk, not ruled out. A config
+        holds at most one such site (a score over the bound then blames it), and a batch
+        takes it once (:class:`_Picker`). While the site's first trial runs, one more may
+        take it (``untested_in_flight``: two at a time): a slow layout's job could otherwise
+        hold it back for most of a study, and a site far over the bound costs one trial
+        more, not one a round.
+        """
+        if self.study.spec.constraints.max_error_score is None or N.shape[1] == 0:
+            return np.ones(len(N)), np.zeros_like(N, dtype=bool)
+        predicted, seen, unseen = self._error_model(history, N)
+        fresh = (N > 0) & ~seen
+        bound = float(self.study.spec.constraints.max_error_score)
+        slack = bound * (1.0 + 1e-4) + 1e-9 - (predicted - unseen)
+        n_new = fresh.sum(axis=1)
+        scale = np.where(unseen > 0, unseen, 1.0)
+        risky = 1.0 - np.exp(-np.clip(slack, 0.0, None) / scale)
+        p = np.where(n_new == 0, (slack >= 0).astype(float), np.where(n_new == 1, risky, 0.0))
+        full = self._untested_in_flight(history, seen) >= self.untested_in_flight
+        p = np.where((fresh & full).any(axis=1), 0.0, p)
+        return p, fresh
 
     def _error_model(
         self, history: Sequence[Trial], N: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Predicted error score of each row of ``N`` (see :meth:`_within_bounds`), and which
-        sites measured trials have switched on."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(predicted error score of each row of ``N``, see :meth:`_within_bounds`; which
+        sites measured trials have switched on; the part of each prediction that is the
+        prior's, for the sites no measured trial has switched on)."""
         from scipy.optimize import nnls
 
         from cubic.proxy.features import numerics
@@ -452,7 +492,8 @@ class CubicStrategy(Strategy):
             A = np.concatenate([Nt / scale, w * np.eye(width)])
             b = np.concatenate([yt - intercept, w * prior])
             coef = nnls(A, b)[0]
-        return intercept + (N / scale) @ coef, seen
+        unseen = (N / scale) @ np.where(seen, 0.0, prior)
+        return intercept + (N / scale) @ coef, seen, unseen
 
     # the two phases ---------------------------------------------------------------------
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
@@ -487,10 +528,9 @@ class CubicStrategy(Strategy):
         size = self.warmup_pool or max(64, 8 * n)
         fresh = np.array([k not in seen for k in base.keys], dtype=bool)
         ok = fresh & self._base_runnable(history)
-        predicted, seen_sites = self._error_model(history, base.N)
-        safe = ok & self._respects_bound(predicted)
-        if self.study.spec.constraints.max_error_score is not None and base.N.shape[1]:
-            safe &= self._new_site_alone(history, base.N, seen_sites)
+        fitted = self._error_model(history, base.N)
+        safe = ok & self._within_bounds(history, base.N, fitted)
+        seen_sites = fitted[1]
         # Fewer safe configs than asked: those that fit; none left that fits: the closest
         # misses (the space has nothing runnable left to try).
         mask = safe if safe.sum() >= n else ok if ok.any() else fresh
@@ -984,6 +1024,7 @@ class CubicStrategy(Strategy):
                         "log_std": float(picker.sd[j]),
                         "p_feasible": float(picker.p[j]),
                         "p_fit": float(picker.p_fit[j]),
+                        "p_bound": float(picker.p_bound[j]),
                         "acquisition": name,
                         "score": score,
                     },
@@ -1053,12 +1094,13 @@ class CubicStrategy(Strategy):
             # picked memory risk holds back the risks like it (one scout each).
             gains["bold"] = gains["ucb"]
             turns = list(self.borrowed_turns)
+        p_bound, fresh = self._bound_odds(history, N)  # fresh: untested sites, per row
         weight = (
             np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+            * np.clip(p_bound, 1e-6, 1.0)
         )
-        bounded, fresh = self._bound_check(history, N)  # fresh: untested sites, per row
-        likely = (p >= self.min_feasible) & bounded
+        likely = (p >= self.min_feasible) & (p_bound > 0)
         running = [t.params for t in history if not t.is_finished]
         Xr = (
             featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
@@ -1071,7 +1113,9 @@ class CubicStrategy(Strategy):
         scores: dict[str, np.ndarray] = {}
         for name in turns:
             score = gains[name] * (
-                weight if name != "bold" else np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+                weight
+                if name != "bold"
+                else np.clip(p, 1e-6, 1.0) ** self.feasibility_power * np.clip(p_bound, 1e-6, 1.0)
             )
             if np.any(likely):  # spend trials only where the config likely runs
                 score = np.where(likely, score, score * 1e-6)
@@ -1079,7 +1123,7 @@ class CubicStrategy(Strategy):
         # Before this study has measured anything, the ranking is borrowed from other
         # workloads: spread the batch wider so that one wrong belief costs fewer trials.
         radius = self.radius * (1.0 if measured else self.borrowed_radius)
-        return _Picker(self, history, X, pos, sd, p, p_fit, scores, turns, fresh, radius)
+        return _Picker(self, history, X, pos, sd, p, p_fit, scores, turns, fresh, radius, p_bound)
 
     # several objectives: the Pareto front -------------------------------------------------
     def _directions(self) -> list[str]:
@@ -1245,8 +1289,8 @@ class CubicStrategy(Strategy):
         s_pending = np.where(shared[None, :], np.sqrt(s**2 + extra**2), s)
         sign = np.array([1.0 if d == "maximize" else -1.0 for d in directions])
         mean_pts = oriented(np.exp(m), directions)
-        bounded, fresh = self._bound_check(history, N)
-        likely = (p >= self.min_feasible) & bounded & (p_fit >= 0.5)
+        p_bound, fresh = self._bound_odds(history, N)
+        likely = (p >= self.min_feasible) & (p_bound > 0) & (p_fit >= 0.5)
         basis = mean_pts[likely] if likely.any() else mean_pts
         ref = reference_point(np.concatenate([measured_pts, basis[non_dominated(basis)]]))
         ref = np.fmin(ref, sign * self._worst_acceptable())
@@ -1259,6 +1303,7 @@ class CubicStrategy(Strategy):
         weight = (
             np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+            * np.clip(p_bound, 1e-6, 1.0)
         )
         running = [t.params for t in history if not t.is_finished]
         Xr = (
@@ -1400,12 +1445,13 @@ class CubicStrategy(Strategy):
         opt = sign * m + self.kappa * s  # optimistic, every column maximised (log scale)
         lo, hi = opt.min(axis=0), opt.max(axis=0)
         norm = (opt - lo) / np.where(hi > lo, hi - lo, 1.0)
+        p_bound, _ = self._bound_odds(history, N)
         weight = (
             np.clip(p, 1e-6, 1.0) ** self.feasibility_power
             * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+            * np.clip(p_bound, 1e-6, 1.0)
         )
-        bounded, _ = self._bound_check(history, N)
-        likely = (p >= self.min_feasible) & bounded
+        likely = (p >= self.min_feasible) & (p_bound > 0)
         penalty = np.ones(len(pool))
         out: list[Proposal] = []
         for _ in range(min(n, len(pool))):
@@ -1443,10 +1489,13 @@ class _Picker:
         turns: list[str],
         fresh: np.ndarray,
         radius: float,
+        p_bound: np.ndarray | None = None,
     ) -> None:
         self.strategy, self.history = strategy, history
         self.X, self.pos, self.sd, self.p, self.p_fit = X, pos, sd, p, p_fit
         self.scores, self.turns, self.fresh, self.radius = scores, turns, fresh, radius
+        # each row's chance to respect the study's error bound (:meth:`_bound_odds`)
+        self.p_bound = np.ones(len(X)) if p_bound is None else p_bound
 
     def pick(self, turn: int) -> tuple[int, str, float]:
         """(row, acquisition, score) of the best candidate by the acquisition whose turn

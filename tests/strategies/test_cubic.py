@@ -236,12 +236,63 @@ def test_the_error_prior_shares_the_bound_among_the_sites_a_config_can_switch_on
     every = study.space.sample(np.random.default_rng(0), 256, study.context)
     N = numerics(study.workload, every)
     # Untested, all five FP8 sites together are just within the bound by the prior...
-    predicted, seen = strategy._error_model([], N)
+    predicted, seen, _ = strategy._error_model([], N)
     assert strategy._respects_bound(predicted).all() and not seen.any()
     # ...but a config switches on at most one site no trial has measured.
     sites = (N > 0).sum(axis=1)
     assert np.array_equal(strategy._within_bounds([], N), sites <= 1)
     assert (sites > 1).any() and (sites <= 1).any()
+
+
+def _layout_405b(sites: str, **knobs: object) -> dict:
+    """A Llama-3 405B config on 128 H200s (a fast layout by default) with the FP8 sites
+    switched on where ``sites`` (in :data:`FP8_SITES` order) says 1."""
+    from cubic.proxy.features import FP8_SITES
+
+    study = _study("llama3_405b_h200x128")
+    params: dict[str, object] = {
+        "tp": 8, "pp": 16, "cp": 1, "vp": 1, "micro_batch": 1, "zero_stage": 1,
+        "recompute": "none", "sequence_parallel": True, "tp_comm_overlap": True,
+        "overlap_grad_reduce": True, "overlap_param_gather": False, **knobs,
+    }  # fmt: skip
+    params.update({site: on == "1" for site, on in zip(FP8_SITES, sites, strict=True)})
+    return study.space.complete(params, study.context)
+
+
+def test_an_untested_site_is_a_priced_risk_in_model_guided_rounds() -> None:
+    """Four FP8 sites measured on Llama-3 405B (their scores add up to 0.85 of the bound),
+    the fifth only in a slow warm-up job still running. The warm-up's rule would keep every
+    other config with that site out until the slow job ends; a model-guided round weighs it
+    by the chance that the site costs what is left of the bound (an exponential draw with
+    the prior's mean, a fifth of the bound): the fast layout with all five sites is a risk
+    worth one trial, two untested sites in one config are not taken."""
+    from cubic.proxy.features import numerics
+
+    study = _study("llama3_405b_h200x128")
+    sets = ["00000", "10000", "01000", "00100", "00001", "11100", "11101", "10101", "01101"]
+    history = [_measured(study, _layout_405b(s), i) for i, s in enumerate(sets, start=1)]
+    history.append(_measured(study, _layout_405b("11101", pp=8, cp=2), 10))
+    slow = _layout_405b("00010", pp=1, cp=4, zero_stage=3)
+    history.append(Trial.detached(11, slow, TrialState.RUNNING))
+    strategy = CubicStrategy(study, seed=0)
+    N = numerics(study.workload, [_layout_405b(s) for s in ("11101", "11111", "00010")])
+    p, fresh = strategy._bound_odds(history, N)
+    known = history[6].metrics["error_score"]  # 11101
+    assert p[0] == 1.0 and not fresh[0].any()
+    assert p[1] == pytest.approx(1.0 - np.exp(-(1.0 - known) / 0.2), rel=1e-3)
+    assert 0.3 < p[1] < 0.9 and fresh[1].sum() == 1
+    assert p[2] > 0.99  # the untested site alone: its prior cost is a fifth of the bound
+    assert not strategy._within_bounds(history, N)[1:].any()  # the warm-up's rule: wait
+    # Before any site is measured, two of them in one config are never taken.
+    pair = numerics(study.workload, [_layout_405b("10010")])
+    assert strategy._bound_odds(history[:1], pair)[0][0] == 0.0
+
+    picks = strategy.suggest(history, 8)
+    sites = numerics(study.workload, [q.params for q in picks]) > 0
+    with_new = sites[:, 3]  # fp8_mlp_out, the untested site
+    assert with_new.sum() == 1  # one trial at a time within the batch
+    pick = picks[int(np.flatnonzero(with_new)[0])]
+    assert sites[with_new].sum() >= 2 and 0.0 < pick.predicted["p_bound"] < 1.0
 
 
 def test_a_batch_ranked_only_by_other_workloads_is_spread_wider() -> None:
@@ -459,8 +510,8 @@ def test_a_pruned_trial_teaches_the_proxy_its_measured_throughput() -> None:
 
 
 def test_switches_that_have_not_mattered_are_not_worth_the_floor() -> None:
-    """Llama-3 405B on 128 H200, 24 trials in: the incumbent's layout has been measured with
-    two sets of switches. With the full expected-improvement floor everywhere, switch
+    """Llama-3 405B on 128 H200, 28 trials in: the incumbent's layout has been measured with
+    several sets of switches. With the full expected-improvement floor everywhere, switch
     variants of that layout take most of the next batch's expected-improvement turns; with
     the floor taken only as far as the GP's metric says a config is unlike the measured
     ones, none."""
@@ -469,7 +520,7 @@ def test_switches_that_have_not_mattered_are_not_worth_the_floor() -> None:
     study = load_study(BENCH / "llama3_405b_h200x128.study.yaml")
     layout = ("tp", "pp", "cp", "vp", "micro_batch", "recompute", "zero_stage")
     history = simulate_search(
-        study, CubicStrategy(study, seed=2, familiar_floor=False), seed=2, budget=24
+        study, CubicStrategy(study, seed=2, familiar_floor=False), seed=2, budget=28
     )
     complete = [t for t in history if t.state == TrialState.COMPLETE]
     best = max(complete, key=lambda t: t.metrics["tokens_per_s"])
