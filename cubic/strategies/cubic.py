@@ -443,6 +443,17 @@ class CubicStrategy(Strategy):
         p = np.where((fresh & full).any(axis=1), 0.0, p)
         return p, fresh
 
+    def _risk_weight(
+        self, p: np.ndarray, p_bound: np.ndarray, p_fit: np.ndarray | None = None
+    ) -> np.ndarray:
+        """What a model-guided score is multiplied by: the chances to run
+        (``feasibility_power``), to respect the error bound (:meth:`_bound_odds`) and, unless
+        left out (a ``bold`` turn), to fit in memory (``memory_power``)."""
+        w = np.clip(p, 1e-6, 1.0) ** self.feasibility_power
+        if p_fit is not None:
+            w = w * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
+        return w * np.clip(p_bound, 1e-6, 1.0)
+
     def _error_model(
         self, history: Sequence[Trial], N: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1095,11 +1106,7 @@ class CubicStrategy(Strategy):
             gains["bold"] = gains["ucb"]
             turns = list(self.borrowed_turns)
         p_bound, fresh = self._bound_odds(history, N)  # fresh: untested sites, per row
-        weight = (
-            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
-            * np.clip(p_bound, 1e-6, 1.0)
-        )
+        weight = self._risk_weight(p, p_bound, p_fit)
         likely = (p >= self.min_feasible) & (p_bound > 0)
         running = [t.params for t in history if not t.is_finished]
         Xr = (
@@ -1112,11 +1119,7 @@ class CubicStrategy(Strategy):
         )
         scores: dict[str, np.ndarray] = {}
         for name in turns:
-            score = gains[name] * (
-                weight
-                if name != "bold"
-                else np.clip(p, 1e-6, 1.0) ** self.feasibility_power * np.clip(p_bound, 1e-6, 1.0)
-            )
+            score = gains[name] * (weight if name != "bold" else self._risk_weight(p, p_bound))
             if np.any(likely):  # spend trials only where the config likely runs
                 score = np.where(likely, score, score * 1e-6)
             scores[name] = np.where(waiting, score * 1e-3, score)
@@ -1300,11 +1303,7 @@ class CubicStrategy(Strategy):
         z_thr = rng.standard_normal(k)
         z_mem = rng.standard_normal(k)
         z = np.where(shared[None, :], z_thr[:, None], z_mem[:, None])  # (k, objectives)
-        weight = (
-            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
-            * np.clip(p_bound, 1e-6, 1.0)
-        )
+        weight = self._risk_weight(p, p_bound, p_fit)
         running = [t.params for t in history if not t.is_finished]
         Xr = (
             featurize(self.study.workload, self.study.space.to_arrays(running)) if running else None
@@ -1446,11 +1445,7 @@ class CubicStrategy(Strategy):
         lo, hi = opt.min(axis=0), opt.max(axis=0)
         norm = (opt - lo) / np.where(hi > lo, hi - lo, 1.0)
         p_bound, _ = self._bound_odds(history, N)
-        weight = (
-            np.clip(p, 1e-6, 1.0) ** self.feasibility_power
-            * np.clip(p_fit, 1e-6, 1.0) ** self.memory_power
-            * np.clip(p_bound, 1e-6, 1.0)
-        )
+        weight = self._risk_weight(p, p_bound, p_fit)
         likely = (p >= self.min_feasible) & (p_bound > 0)
         penalty = np.ones(len(pool))
         out: list[Proposal] = []
@@ -1489,13 +1484,12 @@ class _Picker:
         turns: list[str],
         fresh: np.ndarray,
         radius: float,
-        p_bound: np.ndarray | None = None,
+        p_bound: np.ndarray,
     ) -> None:
         self.strategy, self.history = strategy, history
         self.X, self.pos, self.sd, self.p, self.p_fit = X, pos, sd, p, p_fit
         self.scores, self.turns, self.fresh, self.radius = scores, turns, fresh, radius
-        # each row's chance to respect the study's error bound (:meth:`_bound_odds`)
-        self.p_bound = np.ones(len(X)) if p_bound is None else p_bound
+        self.p_bound = p_bound  # each row's chance to respect the error bound
 
     def pick(self, turn: int) -> tuple[int, str, float]:
         """(row, acquisition, score) of the best candidate by the acquisition whose turn
