@@ -221,6 +221,7 @@ _DLRM_NAMES = (
     "memory_ratio",
     "log10_compute_s",
     "log10_a2a_s",
+    "log10_codec_s",
     "log10_host_lookup_s",
     "log10_allreduce_s",
     "log10_lookup_s",
@@ -810,10 +811,16 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     allreduce_s = allreduce / net
     host_s = host_lookup / (g.pcie_gbs * 1e9)
     lookup_s = lookup_bytes * imbalance / (g.hbm_gbs * 1e9)
+    # Encoding the exchange below fp32 and decoding it back is a memory-bound pass over every
+    # element on both sides (read 4 bytes, write q; read q, write 4), and it cannot hide:
+    # where the exchange is fast (one node, NVLink) or hidden anyway, it costs more than the
+    # bytes it saves, and fp32 wins.
+    codec_s = np.where(q < 4.0, a2a / q * 2.0 * (4.0 + q), 0.0) / (g.hbm_gbs * 1e9)
     # Roofline step time: dense GEMMs at peak, embedding rows at HBM (and PCIe) bandwidth on
-    # the busiest rank, the all-to-all hidden behind the dense compute when pipelined, and
-    # DDP's gradient all-reduce behind the backward pass (2/3 of the dense compute).
-    busy = compute_s + lookup_s + host_s
+    # the busiest rank, the exchange's codec at HBM bandwidth, the all-to-all hidden behind
+    # the dense compute when pipelined, and DDP's gradient all-reduce behind the backward
+    # pass (2/3 of the dense compute).
+    busy = compute_s + lookup_s + host_s + codec_s
     serial = busy + a2a_s + allreduce_s
     roofline = (
         busy
@@ -855,6 +862,7 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
         "memory_ratio": memory / g.hbm_bytes,
         "log10_compute_s": np.log10(compute_s),
         "log10_a2a_s": _log10_s(a2a_s),
+        "log10_codec_s": _log10_s(codec_s),
         "log10_host_lookup_s": _log10_s(host_s),
         "log10_allreduce_s": _log10_s(allreduce_s),
         "log10_lookup_s": _log10_s(lookup_s),

@@ -262,6 +262,29 @@ def test_lossy_all_to_all_bytes() -> None:
     assert _row(TOY_DLRM, {"a2a_precision": "fp16", "lossy_adaptive": True})["lossy_adaptive"] == 0
 
 
+def test_the_exchange_codec_is_a_memory_bound_pass_on_the_roofline() -> None:
+    """Encoding below fp32 reads 4 bytes and writes q per element, decoding the reverse, at
+    HBM bandwidth; on one NVLink node with the exchange pipelined behind the dense part that
+    pass is all the lower precision costs, so fp32 has the higher roofline."""
+    one_node = replace(PRESETS["dlrm_criteo_dot"], cluster=Cluster("a100_80gb", 8, 8))
+    base = {"batch_per_gpu": 16384, "pipeline_sparse": True, "sharding_large": "table_wise"}
+    fp32 = _row(one_node, {**base, "a2a_precision": "fp32"})
+    assert fp32["log10_codec_s"] == _row(one_node, base)["log10_codec_s"]
+    hbm = one_node.gpu.hbm_gbs * 1e9
+    for precision, q in (("fp16", 2.0), ("fp8", 1.0)):
+        r = _row(one_node, {**base, "a2a_precision": precision})
+        elements = 10 ** r["log10_a2a_bytes"] / q
+        assert 10 ** r["log10_codec_s"] == pytest.approx(elements * 2 * (4 + q) / hbm)
+        assert r[OFFSET] < fp32[OFFSET]
+    # Across nodes, with the exchange in the open, the bytes saved outweigh the pass.
+    wide = replace(one_node, cluster=Cluster("a100_80gb", 64, 8))
+    serial = {**base, "pipeline_sparse": False}
+    assert (
+        _row(wide, {**serial, "a2a_precision": "fp8"})[OFFSET]
+        > _row(wide, {**serial, "a2a_precision": "fp32"})[OFFSET]
+    )
+
+
 def test_features_do_not_depend_on_the_simulator() -> None:
     code = (
         "import sys, cubic.proxy; "
