@@ -139,6 +139,8 @@ class CubicStrategy(Strategy):
         error_prior_sd: float = 0.1,
         error_pseudo: float = 4.0,
         untested_in_flight: int = 2,
+        climb_top: int = 32,
+        climb_steps: int = 3,
         **options: Any,
     ) -> None:
         super().__init__(study, seed=seed, **options)
@@ -157,6 +159,12 @@ class CubicStrategy(Strategy):
         self.refit_every = refit_every
         self.min_feasible = min_feasible
         self.warmup_pool = warmup_pool
+        if climb_top < 1 or climb_steps < 0:
+            raise ValueError(
+                f"climb_top must be at least 1 and climb_steps at least 0, "
+                f"got {climb_top} and {climb_steps}"
+            )
+        self.climb_top, self.climb_steps = climb_top, climb_steps
         self.error_prior = error_prior
         self.offset = offset
         self.borrowed_radius = borrowed_radius
@@ -958,6 +966,65 @@ class CubicStrategy(Strategy):
                 N = np.concatenate([N, numerics(self.study.workload, ex)])
         return pool, X, pos, N
 
+    def _climb(
+        self,
+        history: Sequence[Trial],
+        seen: set[str],
+        model: ProxyModel,
+        pool: list[dict[str, Any]],
+        X: np.ndarray,
+        pos: np.ndarray,
+        N: np.ndarray,
+        mu: np.ndarray,
+        sd: np.ndarray,
+    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A borrowed round's pool grown by local search on the prediction: the runnable
+        one-knob-step neighbours of the ``climb_top`` best-predicted candidates join it, for
+        up to ``climb_steps`` steps while they raise the best prediction (the random plus
+        local search by which SMAC optimises its acquisition). The plausible configs are a
+        uniform sample of a space of up to a million; before a study has measured anything
+        no measured best anchors the neighbours that model-guided rounds add, and the few
+        configs the borrowed proxy ranks first are rarely in the sample."""
+        from cubic.proxy.features import featurize, numerics
+
+        space = self.study.space
+        taken = set(seen) | {config_key(c) for c in pool}
+        expanded = np.zeros(len(pool), dtype=bool)
+        for _ in range(self.climb_steps):
+            rows = np.flatnonzero(~expanded)
+            top = rows[np.argsort(-mu[rows], kind="stable")[: self.climb_top]]
+            expanded[top] = True
+            near = self._neighbours([pool[i] for i in top])
+            if not near:
+                break
+            new = []
+            for c in space.from_arrays(near):  # two tops may share a neighbour
+                k = config_key(c)
+                if k not in taken:
+                    taken.add(k)
+                    new.append(c)
+            if not new:
+                break
+            arrays = space.to_arrays(new)
+            Xn = featurize(self.study.workload, arrays)
+            ok = np.flatnonzero(
+                self._runnable(history, Xn) & ~self._in_invalid_region(history, arrays)
+            )
+            if not len(ok):
+                break
+            arrays = {k: v[ok] for k, v in arrays.items()}
+            mn, sn = model.predict_log(Xn[ok])
+            best = float(mu.max())
+            pool = pool + [new[i] for i in ok]
+            expanded = np.concatenate([expanded, np.zeros(len(ok), dtype=bool)])
+            X = np.concatenate([X, Xn[ok]])
+            pos = np.concatenate([pos, self.positions(arrays)])
+            N = np.concatenate([N, numerics(self.study.workload, arrays)])
+            mu, sd = np.concatenate([mu, mn]), np.concatenate([sd, sn])
+            if mn.max() <= best:
+                break
+        return pool, X, pos, N, mu, sd
+
     def _novelty(self, measured: Sequence[Trial], pos: np.ndarray) -> np.ndarray:
         """How many knobs of each candidate (rows of ``pos``) hold a value that none of the
         ``measured`` trials of this study has had. The trees and the GP learn nothing about a
@@ -1019,6 +1086,8 @@ class CubicStrategy(Strategy):
         if not pool:  # every runnable config has been tried
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
+        if not any(self._value(t)[0] is not None for t in history):
+            pool, X, pos, N, mu, sd = self._climb(history, seen, model, pool, X, pos, N, mu, sd)
         picker = self._throughput_picker(model, history, X, pos, N, mu, sd, model.feasible(X))
         done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
         out: list[Proposal] = []

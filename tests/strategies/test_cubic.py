@@ -336,6 +336,34 @@ def test_a_borrowed_batch_takes_memory_risks_every_other_pick() -> None:
     assert cautious[0] == config_key(picks[False][0].params)
 
 
+def test_a_borrowed_round_climbs_from_the_sample_to_what_the_proxy_ranks_first() -> None:
+    """The plausible configs are a uniform sample of the space: before this study has
+    measured anything, the one-knob-step neighbours of the best-predicted candidates join
+    the pool while they raise the best prediction, and the batch may take them."""
+    target = _study("llama3_70b_h100x64")
+    prior = _random_prior(_study("llama3_8b_h100x16"))
+    strategy = CubicStrategy(target, seed=0, prior=prior, transfer_tau=0.0)
+    model = strategy._fit([])
+    assert model is not None
+    pool, X, pos, N = strategy._pool([], set(), np.random.default_rng(0))
+    mu, sd = model.predict_log(X)
+    grown, X2, pos2, N2, mu2, sd2 = strategy._climb([], set(), model, pool, X, pos, N, mu, sd)
+    added = grown[len(pool) :]
+    assert added and len(X2) == len(pos2) == len(N2) == len(mu2) == len(sd2) == len(grown)
+    assert mu2.max() > mu.max()
+    keys = [config_key(c) for c in grown]
+    assert len(set(keys)) == len(keys)  # nothing twice, nothing the sample held
+    assert strategy._runnable([], X2[len(pool) :]).all()
+    climbed = {config_key(c) for c in added}
+    first = strategy.suggest([], 8)
+    assert {config_key(p.params) for p in first} & climbed
+    # Without steps the batch is drawn from the sample and its usual extras alone.
+    plain = CubicStrategy(target, seed=0, prior=prior, transfer_tau=0.0, climb_steps=0)
+    assert not {config_key(p.params) for p in plain.suggest([], 8)} & climbed
+    with pytest.raises(ValueError, match="climb_top"):
+        CubicStrategy(target, seed=0, climb_top=0)
+
+
 def test_a_borrowed_batch_learns_how_configs_of_one_workload_differ() -> None:
     """Before this study has measured anything the proxy only has to order its configs:
     each prior workload's mean is taken out (its level does not transfer), and once trials
