@@ -916,55 +916,78 @@ class CubicStrategy(Strategy):
     ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray]:
         """Runnable candidates never tried (plausible configs, mutations of the best, TPE's
         proposals) with their features, positions and reduced-precision sites."""
-        from cubic.proxy.features import featurize, numerics
-
         base, base_pos = self._candidates()
         fresh = np.array([k not in seen for k in base.keys], dtype=bool)
         rows = np.flatnonzero(fresh & self._base_runnable(history))
         # Before this study has measured anything the ranking is borrowed, and a round
         # costs no fit of its own: score every candidate, so that the few configs the
         # prior ranks first are not missed by a subsample.
-        measured = any(self._value(t)[0] is not None for t in history)
-        if len(rows) > self.pool_size and measured:
+        if len(rows) > self.pool_size and self._measured(history):
             rows = np.sort(rng.choice(rows, self.pool_size, replace=False))
-        extra: list[Proposal] = []
         taken = set(seen) | {base.keys[i] for i in rows}
         space = self.study.space
         elites = self._elites(history)
         mutants = self._mutants(elites, max(200, self.pool_size // 5), rng)
         near = self._neighbours(self._measured_best(history))
-        for cfg in [
+        extra = [
             *elites,
             *(space.from_arrays(mutants) if mutants else []),
             *(space.from_arrays(near) if near else []),
-        ]:
-            k = config_key(cfg)
-            if k not in taken:
-                taken.add(k)
-                extra.append(Proposal(cfg))
+        ]
         if len(history) < 300:
             from cubic.strategies.samplers import TPEStrategy
 
-            for p in TPEStrategy(self.study, seed=self.seed).suggest(history, 4):
-                k = config_key(p.params)
-                if k not in taken:
-                    taken.add(k)
-                    extra.append(p)
+            extra += [p.params for p in TPEStrategy(self.study, seed=self.seed).suggest(history, 4)]
         pool = base.configs.rows(rows)
-        X, pos, N = base.X[rows], base_pos[rows], base.N[rows]
-        if extra:
-            ex = space.to_arrays([p.params for p in extra])
-            Xe = featurize(self.study.workload, ex)
-            # What the arithmetic or an invalid trial rules out is never tried.
-            ok = self._runnable(history, Xe) & ~self._in_invalid_region(history, ex)
-            keep = np.flatnonzero(ok)
-            if len(keep):
-                ex = {k: v[keep] for k, v in ex.items()}
-                pool += [extra[i].params for i in keep]
-                X = np.concatenate([X, Xe[keep]])
-                pos = np.concatenate([pos, self.positions(ex)])
-                N = np.concatenate([N, numerics(self.study.workload, ex)])
-        return pool, X, pos, N
+        kept, Xe, pos_e, N_e = self._admit(history, extra, taken)
+        return (
+            pool + kept,
+            np.concatenate([base.X[rows], Xe]),
+            np.concatenate([base_pos[rows], pos_e]),
+            np.concatenate([base.N[rows], N_e]),
+        )
+
+    def _measured(self, history: Sequence[Trial]) -> bool:
+        """Whether this study has measured a value of its own (else a round is borrowed)."""
+        return any(self._value(t)[0] is not None for t in history)
+
+    def _admit(
+        self, history: Sequence[Trial], configs: Sequence[dict[str, Any]], taken: set[str]
+    ) -> tuple[list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray]:
+        """Of ``configs``, those not in ``taken`` (which they join, kept or not) that run by
+        the corrected estimate and lie in no region an invalid trial ruled out, with their
+        features, positions and reduced-precision sites: what the arithmetic or an invalid
+        trial rules out is never tried."""
+        from cubic.proxy.features import feature_names, featurize, numerics, numerics_names
+
+        new = []
+        for c in configs:
+            k = config_key(c)
+            if k not in taken:
+                taken.add(k)
+                new.append(c)
+        arrays: dict[str, np.ndarray] = {}
+        X, keep = np.zeros((0, 0)), np.zeros(0, dtype=int)
+        if new:
+            arrays = self.study.space.to_arrays(new)
+            X = featurize(self.study.workload, arrays)
+            runs = self._runnable(history, X) & ~self._in_invalid_region(history, arrays)
+            keep = np.flatnonzero(runs)
+        if not len(keep):
+            kind = self.study.workload.kind
+            return (
+                [],
+                np.zeros((0, len(feature_names(kind)))),
+                np.zeros((0, len(self._grids))),
+                np.zeros((0, len(numerics_names(kind)))),
+            )
+        arrays = {k: v[keep] for k, v in arrays.items()}
+        return (
+            [new[i] for i in keep],
+            X[keep],
+            self.positions(arrays),
+            numerics(self.study.workload, arrays),
+        )
 
     def _climb(
         self,
@@ -985,9 +1008,6 @@ class CubicStrategy(Strategy):
         uniform sample of a space of up to a million; before a study has measured anything
         no measured best anchors the neighbours that model-guided rounds add, and the few
         configs the borrowed proxy ranks first are rarely in the sample."""
-        from cubic.proxy.features import featurize, numerics
-
-        space = self.study.space
         taken = set(seen) | {config_key(c) for c in pool}
         expanded = np.zeros(len(pool), dtype=bool)
         for _ in range(self.climb_steps):
@@ -997,29 +1017,18 @@ class CubicStrategy(Strategy):
             near = self._neighbours([pool[i] for i in top])
             if not near:
                 break
-            new = []
-            for c in space.from_arrays(near):  # two tops may share a neighbour
-                k = config_key(c)
-                if k not in taken:
-                    taken.add(k)
-                    new.append(c)
-            if not new:
+            kept, Xn, pos_n, N_n = self._admit(history, self.study.space.from_arrays(near), taken)
+            if not kept:
                 break
-            arrays = space.to_arrays(new)
-            Xn = featurize(self.study.workload, arrays)
-            ok = np.flatnonzero(
-                self._runnable(history, Xn) & ~self._in_invalid_region(history, arrays)
-            )
-            if not len(ok):
-                break
-            arrays = {k: v[ok] for k, v in arrays.items()}
-            mn, sn = model.predict_log(Xn[ok])
+            mn, sn = model.predict_log(Xn)
             best = float(mu.max())
-            pool = pool + [new[i] for i in ok]
-            expanded = np.concatenate([expanded, np.zeros(len(ok), dtype=bool)])
-            X = np.concatenate([X, Xn[ok]])
-            pos = np.concatenate([pos, self.positions(arrays)])
-            N = np.concatenate([N, numerics(self.study.workload, arrays)])
+            pool = pool + kept
+            expanded = np.concatenate([expanded, np.zeros(len(kept), dtype=bool)])
+            X, pos, N = (
+                np.concatenate([X, Xn]),
+                np.concatenate([pos, pos_n]),
+                np.concatenate([N, N_n]),
+            )
             mu, sd = np.concatenate([mu, mn]), np.concatenate([sd, sn])
             if mn.max() <= best:
                 break
@@ -1086,7 +1095,7 @@ class CubicStrategy(Strategy):
         if not pool:  # every runnable config has been tried
             return self._space_filling(history, n, seen, rng)
         mu, sd = model.predict_log(X)
-        if not any(self._value(t)[0] is not None for t in history):
+        if not self._measured(history):
             pool, X, pos, N, mu, sd = self._climb(history, seen, model, pool, X, pos, N, mu, sd)
         picker = self._throughput_picker(model, history, X, pos, N, mu, sd, model.feasible(X))
         done = sum(1 for t in history if (t.predicted or {}).get("phase") == "model")
