@@ -15,6 +15,7 @@ from cubic.proxy.features import (
     DLRM_DEFAULTS,
     LLM_DEFAULTS,
     OFFSET,
+    ROOFLINE_PEAK_SHARE,
     feature_names,
     featurize,
     lossy_ratio,
@@ -197,11 +198,38 @@ def test_llm_derived_quantities_by_hand() -> None:
     assert r["log10_pp_bytes"] == pytest.approx(math.log10(pp_bytes))
     assert r["log10_dp_bytes"] == pytest.approx(math.log10(dp_bytes))
     assert r["log10_cp_bytes"] == 0
-    # Every group fits in one node: NVLink everywhere; nothing asks to overlap.
-    compute = flops / 989.4e12
-    step = compute * 1.25 + (tp_bytes + pp_bytes + dp_bytes) / 450e9
+    # Every group fits in one node: NVLink everywhere; nothing asks to overlap. The compute
+    # runs at half of BF16 peak, at the pace of the last stage (2 layers and the LM head).
+    compute = flops / (989.4e12 * ROOFLINE_PEAK_SHARE)
+    per_token = 6 * active + 6 * 4 * 2048 * 1024
+    head = 6 * 32000 * 1024
+    last = 2 * (per_token - head) / 4 + head
+    step = compute * (2 * last / per_token + 0.25) + (tp_bytes + pp_bytes + dp_bytes) / 450e9
     assert r[OFFSET] == pytest.approx(math.log(16 * 2048 / step))
     assert r["log_serial_throughput"] == pytest.approx(r[OFFSET])
+
+
+def test_attention_stays_bf16_and_selective_recompute_reruns_it() -> None:
+    """FP8 sites speed up the weight GEMMs only: with every site in FP8 the compute is the
+    GEMMs at the FP8 peak plus the attention core at the BF16 peak; selective recompute
+    adds a third of the attention core, full recompute a third of everything."""
+    base = {"tp": 1, "pp": 1, "cp": 1, "micro_batch": 2, "zero_stage": 1, "recompute": "none"}
+    on = {k: True for k in ("fp8_qkv", "fp8_attn_out", "fp8_mlp_in", "fp8_mlp_out")}
+    wl = TINY_LLM  # on H100: FP8 at twice the BF16 peak
+    plain = _row(wl, base)
+    fp8 = _row(wl, {**base, **on, "fp8_lm_head": True})
+    attn = 6 * 4 * 2048 * 1024 * 16 * 2048 / 8
+    flops = 10 ** plain["log10_flops_per_gpu"]
+    bf16 = 10 ** plain["log10_compute_s"]
+    assert bf16 == pytest.approx(flops / (989.4e12 * ROOFLINE_PEAK_SHARE))
+    expect = ((flops - attn) / 1978.9e12 + attn / 989.4e12) / ROOFLINE_PEAK_SHARE
+    assert 10 ** fp8["log10_compute_s"] == pytest.approx(expect, rel=1e-6)
+    sel = _row(wl, {**base, "recompute": "selective"})
+    assert 10 ** sel["log10_compute_s"] == pytest.approx(
+        bf16 + attn / 3 / (989.4e12 * ROOFLINE_PEAK_SHARE)
+    )
+    full = _row(wl, {**base, "recompute": "full"})
+    assert 10 ** full["log10_compute_s"] == pytest.approx(bf16 * 4 / 3)
 
 
 def test_overlap_only_lowers_the_roofline() -> None:
