@@ -9,10 +9,11 @@ across models, GPUs and cluster sizes. Three groups of columns:
 * the workload: model shape, cluster size and the GPU's published peaks and bandwidths;
 * bookkeeping derived from both with a few lines of arithmetic each (bytes per GPU against
   HBM, bytes moved per step per parallel dimension, FLOPs per GPU, the pipeline bubble) and
-  the roofline they imply: the throughput if every GEMM ran at peak and every transfer ran
+  the roofline they imply: the throughput if every GEMM ran at peak (for an LLM, at the
+  share of peak large runs publish, :data:`ROOFLINE_PEAK_SHARE`) and every transfer ran
   at link speed, hidden only where the configuration asks for overlap. These are counts
-  and published peaks, not a performance model: no efficiency is assumed and nothing is
-  fitted. They let trees split on the quantities an engineer reasons with ("does it
+  and published figures, not a performance model: nothing is fitted to the studies or to
+  the simulator. They let trees split on the quantities an engineer reasons with ("does it
   fit?", "how much goes over the NIC?") instead of rediscovering products of knobs from a
   few dozen trials.
 
