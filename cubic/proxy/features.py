@@ -848,9 +848,8 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     codec_s = np.where(prec["a2a_lossy"] > 0, lossy_s, cast_s)
     # Roofline step time: dense GEMMs at peak, embedding rows at HBM (and PCIe) bandwidth on
     # the busiest rank, the exchange's codec (casts at HBM bandwidth, a lossy codec at its
-    # compressor's), the all-to-all hidden behind
-    # the dense compute when pipelined, and DDP's gradient all-reduce behind the backward
-    # pass (2/3 of the dense compute).
+    # compressor's), the all-to-all hidden behind the dense compute when pipelined, and
+    # DDP's gradient all-reduce behind the backward pass (2/3 of the dense compute).
     busy = compute_s + lookup_s + host_s + codec_s
     serial = busy + a2a_s + allreduce_s
     roofline = (
