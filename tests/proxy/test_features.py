@@ -17,6 +17,7 @@ from cubic.proxy.features import (
     LOSSY_CODEC_HBM_SHARE,
     OFFSET,
     ROOFLINE_PEAK_SHARE,
+    TP_OVERLAP_EXPOSED,
     feature_names,
     featurize,
     lossy_ratio,
@@ -247,6 +248,18 @@ def test_overlap_only_lowers_the_roofline() -> None:
     )
     assert ovl[OFFSET] > plain[OFFSET]
     assert ovl["log_serial_throughput"] == plain["log_serial_throughput"]
+
+
+def test_overlapped_tp_traffic_keeps_a_share_exposed() -> None:
+    """Behind GEMMs far longer than it, overlapped TP traffic still costs its exposed share."""
+    base = {"tp": 2, "pp": 1, "zero_stage": 1, "sequence_parallel": True}
+    plain = _row(TINY_LLM, base)
+    ovl = _row(TINY_LLM, {**base, "tp_comm_overlap": True})
+    tokens = 16 * 2048
+    tp_s = 10 ** plain["log10_tp_s"]
+    assert tp_s < 10 ** plain["log10_compute_s"]
+    saved = tokens / np.exp(plain[OFFSET]) - tokens / np.exp(ovl[OFFSET])
+    assert saved == pytest.approx((1.0 - TP_OVERLAP_EXPOSED) * tp_s)
 
 
 def test_dlrm_derived_quantities_by_hand() -> None:
