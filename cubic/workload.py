@@ -95,7 +95,12 @@ class LLM:
         ``6 * 2 * layers * seq * hidden`` halved for the causal mask, the count that
         Megatron-LM's MFU figures use without the mask factor.
         """
-        return 6.0 * self.active_params() + 6.0 * self.layers * self.seq_len * self.hidden
+        return 6.0 * self.active_params() + self.attention_flops_per_token()
+
+    def attention_flops_per_token(self) -> float:
+        """The attention core's share of :meth:`flops_per_token` (scores and values, causal):
+        it runs in BF16 whatever formats the weight GEMMs use."""
+        return 6.0 * self.layers * self.seq_len * self.hidden
 
 
 @dataclass(frozen=True, slots=True)

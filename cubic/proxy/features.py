@@ -549,10 +549,11 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
 
     # FLOPs per GPU per step; full recompute reruns the forward (+1/3).
     flops = m.flops_per_token() * gb * s / ngpu * (1.0 + full / 3.0)
-    # The attention core (scores and values: 6 s h per token and layer) runs in BF16
-    # whatever the GEMM sites' formats; selective recompute reruns its forward (+1/3).
-    attn_flops = 6.0 * m.layers * s * h * gb * s / ngpu * (1.0 + (full + rc["selective"]) / 3.0)
-    gemm_flops = flops - 6.0 * m.layers * s * h * gb * s / ngpu * (1.0 + full / 3.0)
+    # The attention core runs in BF16 whatever the GEMM sites' formats; selective recompute
+    # reruns its forward (+1/3).
+    attn = m.attention_flops_per_token() * gb * s / ngpu
+    gemm_flops = flops - attn * (1.0 + full / 3.0)
+    attn_flops = attn * (1.0 + (full + rc["selective"]) / 3.0)
     # Share of those FLOPs in FP8 GEMMs, by each site's weights.
     kvd = float(m.kv_heads * m.head_dim)
     site_w = {

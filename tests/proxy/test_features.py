@@ -256,6 +256,7 @@ def test_overlapped_tp_traffic_keeps_a_share_exposed() -> None:
     ovl = _row(TINY_LLM, {**base, "tp_comm_overlap": True})
     tokens = 16 * 2048
     tp_s = 10 ** plain["log10_tp_s"]
+    # Model seconds of the roofline, not a timing: the GEMMs are long enough to hide it all.
     assert tp_s < 10 ** plain["log10_compute_s"]
     saved = tokens / np.exp(plain[OFFSET]) - tokens / np.exp(ovl[OFFSET])
     assert saved == pytest.approx((1.0 - TP_OVERLAP_EXPOSED) * tp_s)
