@@ -119,7 +119,9 @@ def _wait_ready(head: RayHead, proc: subprocess.Popen[bytes], log: Path) -> None
                 if status in ("FAILED", "STOPPED"):
                     raise RuntimeError(f"warm-up job {status}: {client.get_job_logs(sid)}")
                 time.sleep(0.2)
-        except (ConnectionError, RuntimeError) as exc:
+        # requests' ConnectionError (the dashboard closing a connection while it starts) is an
+        # OSError, not the builtin ConnectionError.
+        except (OSError, RuntimeError) as exc:
             last = str(exc)
             if "warm-up job" in last:
                 raise

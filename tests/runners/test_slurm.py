@@ -448,6 +448,9 @@ def test_the_torch_ddp_example_tunes_through_slurm(
         update={"workload": resolved.workload, "space": resolved.space, "job": job}
     ).model_dump(mode="json")
     doc["budget"] = {"max_trials": 3, "max_parallel": 1}
+    # Not a test of deadlines: on a loaded machine torchrun's start alone can take a minute, and
+    # a trial killed at the example's 120 s would be retried as a fourth.
+    doc["trial_timeout_s"] = 900
     # The job's ``python`` is this venv's: sbatch hands the worker's environment to the job.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     db = f"sqlite:///{tmp_path / 'cubic.db'}"
