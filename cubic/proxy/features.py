@@ -718,6 +718,14 @@ def _log10_s(seconds: np.ndarray) -> np.ndarray:
 # -- DLRM ----------------------------------------------------------------------------------
 
 
+#: Throughput of an error-bounded compressor of the cuSZ family (prediction, quantisation
+#: and encoding per element) as a share of HBM bandwidth, where a cast runs at HBM speed.
+#: Published cuSZ figures put it at 100-200 GB/s on an A100 whose HBM moves 2 TB/s; a
+#: third is the fused, better-tuned end a production exchange would use, and a price that
+#: still lets a few trials of a study move it either way.
+LOSSY_CODEC_HBM_SHARE = 0.3
+
+
 def lossy_ratio(error_bound: np.ndarray) -> np.ndarray:
     """Assumed compression ratio of an error-bounded lossy all-to-all.
 
@@ -846,11 +854,15 @@ def _dlrm(wl: Workload, m: DLRM, a: dict[str, np.ndarray], n: int) -> dict[str, 
     # element on both sides (read 4 bytes, write q; read q, write 4), and it cannot hide:
     # where the exchange is fast (one node, NVLink) or hidden anyway, it costs more than the
     # bytes it saves, and fp32 wins.
-    codec_s = np.where(q < 4.0, a2a / q * 2.0 * (4.0 + q), 0.0) / (g.hbm_gbs * 1e9)
+    # An error-bounded lossy codec is no cast: it reads and writes the fp32 side at its own,
+    # lower throughput (LOSSY_CODEC_HBM_SHARE).
+    cast_s = np.where(q < 4.0, a2a / q * 2.0 * (4.0 + q), 0.0) / (g.hbm_gbs * 1e9)
+    lossy_s = a2a / q * 2.0 * 4.0 / (LOSSY_CODEC_HBM_SHARE * g.hbm_gbs * 1e9)
+    codec_s = np.where(prec["a2a_lossy"] > 0, lossy_s, cast_s)
     # Roofline step time: dense GEMMs at peak, embedding rows at HBM (and PCIe) bandwidth on
-    # the busiest rank, the exchange's codec at HBM bandwidth, the all-to-all hidden behind
-    # the dense compute when pipelined, and DDP's gradient all-reduce behind the backward
-    # pass (2/3 of the dense compute).
+    # the busiest rank, the exchange's codec (casts at HBM bandwidth, a lossy codec at its
+    # compressor's), the all-to-all hidden behind the dense compute when pipelined, and
+    # DDP's gradient all-reduce behind the backward pass (2/3 of the dense compute).
     busy = compute_s + lookup_s + host_s + codec_s
     serial = busy + a2a_s + allreduce_s
     roofline = (

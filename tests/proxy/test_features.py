@@ -14,6 +14,7 @@ import pytest
 from cubic.proxy.features import (
     DLRM_DEFAULTS,
     LLM_DEFAULTS,
+    LOSSY_CODEC_HBM_SHARE,
     OFFSET,
     ROOFLINE_PEAK_SHARE,
     TP_OVERLAP_EXPOSED,
@@ -325,6 +326,23 @@ def test_the_exchange_codec_is_a_memory_bound_pass_on_the_roofline() -> None:
         _row(wide, {**serial, "a2a_precision": "fp8"})[OFFSET]
         > _row(wide, {**serial, "a2a_precision": "fp32"})[OFFSET]
     )
+
+
+def test_a_lossy_codec_runs_at_its_compressors_throughput() -> None:
+    """An error-bounded compressor is no cast: its pass over the fp32 side runs at a share
+    of HBM bandwidth, so at the same bytes on the wire a lossy exchange costs more codec
+    time than a cast would, and on a node where fp8 beats fp32 lossy does not."""
+    wide = replace(PRESETS["dlrm_criteo_dot"], cluster=Cluster("a100_80gb", 64, 8))
+    base = {"batch_per_gpu": 16384, "pipeline_sparse": True, "sharding_large": "table_wise"}
+    lossy = _row(wide, {**base, "a2a_precision": "lossy", "lossy_error_bound": 1e-3})
+    q = 4.0 / lossy_ratio(np.array([1e-3]))[0]
+    elements = 10 ** lossy["log10_a2a_bytes"] / q
+    hbm = wide.gpu.hbm_gbs * 1e9
+    codec = 10 ** lossy["log10_codec_s"]
+    assert codec == pytest.approx(elements * 2 * 4 / (LOSSY_CODEC_HBM_SHARE * hbm))
+    assert codec > elements * 2 * (4 + q) / hbm
+    fp8 = _row(wide, {**base, "a2a_precision": "fp8"})
+    assert fp8[OFFSET] > lossy[OFFSET]
 
 
 def test_features_do_not_depend_on_the_simulator() -> None:
