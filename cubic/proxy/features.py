@@ -536,7 +536,25 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
     # 34 s b h / t bytes with sequence parallelism, s b h (10 + 24 / t) without; full
     # recompute keeps only the layer input, 2 s b h (/ t with sequence parallelism).
     layer_token = np.where(sp > 0, 34.0 * h / tp, h * (10.0 + 24.0 / tp))
-    per_token = np.where(full > 0, 2.0 * h / np.where(sp > 0, tp, 1.0), layer_token)
+    # A GEMM in FP8 (or a block-scaled format) keeps its input for the backward pass as the
+    # cast copy, not in BF16 (Transformer Engine saves the quantised tensor the weight
+    # gradient is computed from): the QKV and MLP inputs (split by tp only with sequence
+    # parallelism) and the MLP output projection's. The output projection's input is the
+    # attention output, which the attention kernel keeps in BF16 for its own backward.
+    code = _site_codes(a, b)
+    stored = np.array([x.stored_bytes for x in FORMATS])
+    h_split = np.where(sp > 0, tp, 1.0)
+    saved_wide = {
+        "fp8_qkv": h / h_split,
+        "fp8_mlp_in": h / h_split,
+        "fp8_mlp_out": f * m.top_k / tp,
+    }
+    fp8_saved = sum(
+        np.where(code[k] > BF16, 2.0 - stored[np.maximum(code[k], BF16)], 0.0) * w
+        for k, w in saved_wide.items()
+    )
+    layer_token = layer_token - (fp8_saved if g.has_fp8 else 0.0)
+    per_token = np.where(full > 0, 2.0 * h / h_split, layer_token)
     act_mb = tokens * per_token * layers_rank
     # The busiest rank's layers in flight: min(pp, m) micro-batches of the first stage in
     # 1F1B, more chunks with interleaving, the other ranks' with an uneven split.
@@ -564,7 +582,6 @@ def _llm(wl: Workload, m: LLM, a: dict[str, np.ndarray], n: int) -> dict[str, np
         "fp8_lm_head": V * h / m.layers,
     }
     total_w = sum(site_w.values())
-    code = _site_codes(a, b)
     is8 = {k: (code[k] == FP8).astype(float) for k in FP8_SITES}
     fp8_share = sum(is8[k] * w for k, w in site_w.items()) / total_w if g.has_fp8 else 0.0 * tp
     peak16, peak8 = g.peak("bf16"), g.peak("fp8")

@@ -419,6 +419,31 @@ def test_the_memory_arithmetic_sizes_the_busiest_rank_of_an_uneven_split():
     assert est < _memory(wl, [{**cfg, "pp": 1}])[0]
 
 
+def test_an_fp8_gemm_keeps_its_input_for_backward_in_one_byte() -> None:
+    """The QKV, MLP-in and MLP-out GEMMs in FP8 save their inputs as the cast copy: per token
+    and layer h / t, h / t and f / t bytes fewer with sequence parallelism (the attention
+    output stays BF16). Under full recompute the layers in flight keep only their input,
+    whatever the sites."""
+    h100 = replace(TINY_LLM, cluster=Cluster("h100_sxm", 8, 8))
+    base = {"tp": 2, "pp": 2, "micro_batch": 2, "sequence_parallel": True, "recompute": "none"}
+    off = {f"fp8_{k}": False for k in ("qkv", "attn_out", "mlp_in", "mlp_out", "lm_head")}
+    bf16 = _row(h100, {**base, **off})
+    fp8 = _row(h100, {**base, **off, "fp8_qkv": True, "fp8_mlp_in": True, "fp8_mlp_out": True})
+    attn = _row(h100, {**base, **off, "fp8_attn_out": True})
+    tokens, layers = 2 * 2048, 2
+    saved = tokens * layers * (1024 / 2 + 1024 / 2 + 4096 / 2)
+    diff = bf16["activation_gb_per_microbatch"] - fp8["activation_gb_per_microbatch"]
+    assert diff == pytest.approx(saved / 1e9)
+    assert attn["activation_gb_per_microbatch"] == bf16["activation_gb_per_microbatch"]
+    assert fp8["memory_gb"] < bf16["memory_gb"]
+    full = {**base, "recompute": "full"}
+    kept = [
+        _row(h100, {**full, **off, "fp8_mlp_out": on})["activation_gb_per_microbatch"]
+        for on in (True, False)
+    ]
+    assert kept[0] == pytest.approx(kept[1])
+
+
 def test_the_memory_arithmetic_knows_fsdp_shards_every_byte_of_state():
     wl = replace(PRESETS["llama3_8b"], cluster=Cluster("h100_sxm", 8, 8))
     ddp, full, hybrid = _memory(
