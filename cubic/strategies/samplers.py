@@ -44,18 +44,55 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class _Shared(FrozenTrial):
-    """A finished trial made once and added to each round's in-memory study: the storage
-    copies what it is given (``copy.deepcopy``, most of a round's time with thousands of
-    trials), and a finished trial's values, params and distributions are never written to
-    there, so its copy may share them. Only the copy's number and id are set."""
+    """A trial made once and added to each round's in-memory study: the storage copies what
+    it is given (``copy.deepcopy``, most of a round's time with thousands of trials), and
+    the values, params and distributions of a finished trial, or of a pending one standing
+    in for the constant liar, are never written to there, so its copy may share them. Only
+    the copy's number and id are set."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
         return copy.copy(self)
+
+    def _validate(self) -> None:
+        """Checked once, by ``create_trial``, and never changed: not again per round."""
 
 
 def _shared(trial: FrozenTrial) -> _Shared:
     trial.__class__ = _Shared
     return trial  # type: ignore[return-value]
+
+
+class _RoundTPE(optuna.samplers.TPESampler):
+    """Multivariate TPE told each round's search space instead of inferring it per ask.
+
+    The inferred space is the intersection of the finished trials' distributions; Optuna
+    recomputes it from the last running trial on at every ask, comparing distributions
+    choice by choice, which with a batch's running trials spread through the history was a
+    third of a round's time. Within a round of :class:`OptunaStrategy` it cannot change (an
+    ask adds only running or failed trials) and every trial of a study has the same
+    distribution per knob, so it is the knobs common to every finished trial, computed
+    once per round from their names: the same space, in the same (sorted) order."""
+
+    round_space: dict[str, BaseDistribution] | None = None
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        if self.round_space is None:
+            return super().infer_relative_search_space(study, trial)
+        return self.round_space
+
+
+def _common_space(
+    frozen: Sequence[FrozenTrial], dists: dict[str, BaseDistribution]
+) -> dict[str, BaseDistribution]:
+    """The knobs every finished trial has, by name, without single-valued ones."""
+    common: set[str] | None = None
+    for ft in frozen:
+        if ft.state.is_finished():
+            names = ft.distributions.keys()
+            common = set(names) if common is None else common.intersection(names)
+    return {k: dists[k] for k in sorted(common or ()) if not dists[k].single()}
 
 
 class OptunaStrategy(Strategy):
@@ -67,6 +104,8 @@ class OptunaStrategy(Strategy):
         # A finished trial's FrozenTrial, by (study, id), with what it was made from (its
         # values, or the penalty it stood in with): made once, not once per round.
         self._made: dict[tuple[int, int], tuple[tuple[Any, ...], FrozenTrial]] = {}
+        # A waiting or running trial's FrozenTrial, by (study, id), while it stays pending.
+        self._pending: dict[tuple[int, int], FrozenTrial] = {}
 
     reads_history = True
     """Whether the sampler learns from the trials (``RandomSampler`` does not: its rounds
@@ -109,13 +148,19 @@ class OptunaStrategy(Strategy):
         scored = [(t, *self.scored(t)) for t in history]
         penalty = self._penalty([v for _, v, _ in scored if v is not None])
         frozen = []
+        pending_now: dict[tuple[int, int], FrozenTrial] = {}
         for t, vals, viol in scored:
             pending = t.state in (TrialState.WAITING, TrialState.RUNNING)
             if not pending and vals is None and viol <= 0:
                 continue
+            key = (t.study_id, t.id)
+            if pending and (ft := self._pending.get(key)) is not None:
+                pending_now[key] = ft  # nothing of a pending trial changes until it ends
+                frozen.append(ft)
+                continue
             # A measured trial does not depend on the penalty; an infeasible one stands in with it.
             made = (tuple(vals), None, viol) if vals is not None else (None, tuple(penalty), viol)
-            cached = None if pending else self._made.get((t.study_id, t.id))
+            cached = None if pending else self._made.get(key)
             if cached is not None and cached[0] == made:
                 frozen.append(cached[1])
                 continue
@@ -126,9 +171,12 @@ class OptunaStrategy(Strategy):
             pd = {k: dists[k] for k in params}
             try:
                 if pending:
-                    ft = optuna.trial.create_trial(
-                        state=OptunaState.RUNNING, params=params, distributions=pd
+                    ft = _shared(
+                        optuna.trial.create_trial(
+                            state=OptunaState.RUNNING, params=params, distributions=pd
+                        )
                     )
+                    pending_now[key] = ft
                 else:
                     ft = _shared(
                         optuna.trial.create_trial(
@@ -138,18 +186,23 @@ class OptunaStrategy(Strategy):
                             constraints={"feasible": viol},
                         )
                     )
-                    self._made[(t.study_id, t.id)] = (made, ft)
+                    self._made[key] = (made, ft)
             except ValueError:
                 continue  # a config from outside the space (an import): nothing to learn here
             frozen.append(ft)
+        self._pending = pending_now  # those that ended are made again as finished
         return frozen
 
     def suggest(self, history: Sequence[Trial], n: int) -> list[Proposal]:
         dists = self._distributions()
         seed = ((self.seed or 0) * 1_000_003 + len(history)) % 2**32  # numpy takes 32 bits
-        ostudy = optuna.create_study(directions=self._directions(), sampler=self.sampler(seed))
+        sampler = self.sampler(seed)
+        ostudy = optuna.create_study(directions=self._directions(), sampler=sampler)
         if self.reads_history:
-            ostudy.add_trials(self._frozen(history, dists))
+            frozen = self._frozen(history, dists)
+            ostudy.add_trials(frozen)
+            if isinstance(sampler, _RoundTPE):
+                sampler.round_space = _common_space(frozen, dists)
         seen = self.seen(history)
         ctx = self.context
         space = self.study.space
@@ -261,6 +314,8 @@ class TPEStrategy(OptunaStrategy):
             # Optuna 4.9 deprecated ``gamma`` (removal planned for 6.0); until then it is
             # the one lever on how greedy TPE is, and without it the default applies.
             warnings.simplefilter("ignore", FutureWarning)
+            if opts.get("multivariate") and not opts.get("group"):
+                return _RoundTPE(seed=seed, constant_liar=True, **opts)
             return optuna.samplers.TPESampler(seed=seed, constant_liar=True, **opts)
 
 

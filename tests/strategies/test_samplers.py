@@ -158,3 +158,63 @@ def test_a_finished_trial_is_scored_once() -> None:
     assert strategy.scored(reread) is first  # the same trial read again: not re-scored
     changed = Trial.detached(t.id, dict(t.params), t.state, {"tokens_per_s": 7.0})
     assert strategy.scored(changed) == ([7.0], 0.0)
+
+
+def _with_pending(resolved, n: int, pending: int) -> list[Trial]:
+    """``n`` finished trials with ``pending`` running ones spread among them, as a study
+    with many workers has."""
+    history = _measured(resolved, n + pending, seed=1)
+    for i in range(2, len(history), max(1, (n + pending) // pending))[:pending]:
+        history[i] = _trial(i, history[i].params, TrialState.RUNNING, None)
+    return history
+
+
+@pytest.mark.parametrize("study", ["llama3_8b_h100x16", "dlrm_dcnv2_h100x64"])
+def test_tpe_told_its_rounds_space_proposes_what_optuna_inferring_it_would(
+    study: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's multivariate search space is computed once from the finished trials' knob
+    names (conditional knobs inactive in some trials drop out, running trials count for
+    nothing) and equals Optuna's own intersection, so the batch is the same."""
+    from cubic.strategies import samplers
+
+    resolved = _bench(study, "tpe")
+    history = _with_pending(resolved, 40, 8)
+    strategy = make_strategy(resolved)
+    dists = strategy._distributions()
+    frozen = strategy._frozen(history, dists)
+    ostudy = optuna.create_study(direction="maximize")
+    ostudy.add_trials(frozen)
+    inferred = optuna.samplers.TPESampler(multivariate=True).infer_relative_search_space(
+        ostudy, ostudy.trials[0]
+    )
+    told = samplers._common_space(frozen, dists)
+    assert list(told) == list(inferred) and told == inferred
+    if study.startswith("dlrm"):
+        assert set(told) < {k for k, d in dists.items() if not d.single()}  # knobs dropped
+    fast = [p.params for p in make_strategy(resolved).suggest(history, 6)]
+    monkeypatch.setattr(samplers, "_common_space", lambda frozen, dists: None)
+    inferring = make_strategy(resolved)
+    assert [p.params for p in inferring.suggest(history, 6)] == fast
+
+
+def test_a_pending_trial_is_made_once_while_it_runs_and_again_when_it_ends() -> None:
+    resolved = _bench("llama3_8b_h100x16", "tpe")
+    strategy = make_strategy(resolved)
+    dists = strategy._distributions()
+    history = _with_pending(resolved, 20, 4)
+    running = [i for i, t in enumerate(history) if t.state == TrialState.RUNNING]
+    first = strategy._frozen(history, dists)
+    again = strategy._frozen(history, dists)
+    assert all(first[i] is again[i] for i in running)
+    assert all(first[i].state == optuna.trial.TrialState.RUNNING for i in running)
+    ended = list(history)
+    ended[running[0]] = _trial(
+        running[0], history[running[0]].params, TrialState.COMPLETE, {"tokens_per_s": 3000.0}
+    )
+    third = strategy._frozen(ended, dists)
+    assert third[running[0]].values == [3000.0] and third[running[0]] is not first[running[0]]
+    assert all(third[i] is first[i] for i in running[1:])
+    assert set(strategy._pending) == {
+        (t.study_id, t.id) for i, t in enumerate(ended) if i in running[1:]
+    }
