@@ -99,6 +99,8 @@ def main(settings: dict[str, Any], parent: int, wake: Any, stop: Any, timings: A
 
     config = ServiceSettings(**settings)
     log_to_stderr(config.log_level)
+    if config.background_nice and hasattr(os, "nice"):
+        os.nice(config.background_nice)
     store = open_store(config)
     tuner = Tuner(store, background_fit=True, background_propose=True)
     tuner.wake = wake

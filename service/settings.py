@@ -34,6 +34,9 @@ class ServiceSettings(Settings):
     their own beside each API process, so that their CPU work never holds the interpreter
     lock a request waits on) or ``thread`` (threads of the API process: one process in all,
     for tests and small machines).
+    ``CUBIC_BACKGROUND_NICE``: how much lower than its API process's the background process's
+    CPU priority is (a Unix nice increment, 0-19): proposals and model fits take the cores
+    the requests leave, so that a lease or a report never waits for a core behind a fit.
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
@@ -48,6 +51,7 @@ class ServiceSettings(Settings):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=1024**3)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     background: Literal["process", "thread"] = "process"
+    background_nice: int = Field(10, ge=0, le=19)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServiceSettings:

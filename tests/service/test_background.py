@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -78,3 +79,24 @@ def test_the_background_process_stops_when_its_api_process_is_gone(migrated_url:
     finally:
         if child.is_alive():
             child.kill()
+
+
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_background_process_runs_at_a_lower_cpu_priority(migrated_url: str, nice: int) -> None:
+    """Proposals and fits take the cores the requests leave: the background process runs
+    ``CUBIC_BACKGROUND_NICE`` below its API process (0: beside it)."""
+    settings = service_settings(migrated_url, background="process", background_nice=nice)
+    with TestClient(create_app(settings)) as c:
+        child = c.app.state.background.process
+        want = _nice(os.getpid()) + nice  # type: ignore[operator]
+        _wait(f"the background process at nice {want}", lambda: _nice(child.pid) == want)
+        assert child.is_alive()
+
+
+def _nice(pid: int) -> int | None:
+    """A process's nice value (``/proc/PID/stat``'s 19th field), None before it is set."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[16])
