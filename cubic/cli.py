@@ -1091,6 +1091,16 @@ def bench_service_cmd(
                 f"{r['load_avg_1m']:.1f}",
             )
     console.print(table)
+    c = res["cubic"]
+    if "lease_server_p50_ms" in c:
+        console.print(
+            "cubic by the service's clock (Server-Timing), without the workers' wait for a "
+            "core: lease "
+            + " / ".join(f"{c[f'lease_server_p{q}_ms']:.1f}" for q in (50, 95, 99))
+            + " ms, report "
+            + " / ".join(f"{c[f'report_server_p{q}_ms']:.1f}" for q in (50, 95, 99))
+            + " ms (p50 / p95 / p99)"
+        )
     if st.get("optuna_sampler"):
         console.print(
             f"Optuna: {st['optuna_sampler']} for strategy {strategy}; ask and tell latency in "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -69,7 +70,8 @@ def _raise_for(resp: httpx.Response) -> None:
 class CubicClient:
     """A client of one cubic service. Thread-safe (httpx.Client is).
 
-    ``token`` (default: ``$CUBIC_TOKEN``) is sent as ``Authorization: Bearer``."""
+    ``token`` (default: ``$CUBIC_TOKEN``) is sent as ``Authorization: Bearer``;
+    ``on_response`` sees every answer (its headers, e.g. ``Server-Timing``) before it is read."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class CubicClient:
         max_backoff: float = 10.0,
         token: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        on_response: Callable[[httpx.Response], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.outage_s = outage_s
@@ -89,7 +92,11 @@ class CubicClient:
         token = token if token is not None else os.environ.get("CUBIC_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
-            base_url=self.url, timeout=timeout, transport=transport, headers=headers
+            base_url=self.url,
+            timeout=timeout,
+            transport=transport,
+            headers=headers,
+            event_hooks={"response": [on_response]} if on_response else None,
         )
 
     def close(self) -> None:

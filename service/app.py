@@ -39,6 +39,7 @@ from service.limits import BodyLimit
 from service.metrics import REAPED, observe_proposal, observe_proxy_fit
 from service.routes import dashboard, docs, health, studies, tokens, trials, ui
 from service.settings import ServiceSettings
+from service.timing import ServerTiming
 
 log = logging.getLogger("cubic.service")
 PREFIT_INTERVAL_S = 0.5
@@ -276,6 +277,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(ServerTiming)  # outermost: it times what the limit refuses too
     app.include_router(health.router)
     app.include_router(studies.router)
     app.include_router(trials.router)

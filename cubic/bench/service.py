@@ -188,6 +188,10 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
     Each job holds the worker ``job_s`` seconds after the simulator has answered, as a
     trial's run would (the Optuna reference's jobs hold theirs as long).
 
+    Beside each call's time on the worker's clock it keeps the service's own, from the
+    answer's ``Server-Timing`` header: on a machine shared by the service and many worker
+    processes, the difference is the worker's wait for a core.
+
     It waits after a short lease as ``cubic worker`` does (:func:`cubic.retry.lease_wait`
     of the lease's ``retry_after_s``), and starts only when
     every worker is ready, so that start-up is not counted.
@@ -198,13 +202,26 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
     from cubic.retry import lease_wait
     from cubic.sim.job import run_job
     from cubic.workload import Workload
+    from service.timing import app_ms
 
     url, study_id, index, workload_json, job_s, barrier = args
     workload = Workload.from_dict(json.loads(workload_json))
     rng, short = random.Random(index), 0
     calls: list[tuple[float, str, float]] = []  # (wall time at the end, kind, seconds)
+    served: list[tuple[float, str, float]] = []  # the same, by the service's clock
+    last: list[float | None] = [None]  # the newest answer's Server-Timing, in seconds
+
+    def timed(resp: Any) -> None:
+        ms = app_ms(resp.headers.get("server-timing"))
+        last[0] = None if ms is None else ms / 1e3
+
+    def record(kind: str, t0: float) -> None:
+        calls.append((time.time(), kind, time.perf_counter() - t0))
+        if last[0] is not None:
+            served.append((calls[-1][0], kind, last[0]))
+
     reported = []
-    with CubicClient(url, timeout=120) as client:
+    with CubicClient(url, timeout=120, on_response=timed) as client:
         client.get_study(study_id)  # connected and warm
         barrier.wait(600)
         start = time.time()
@@ -212,7 +229,7 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
         while time.monotonic() < deadline:
             t0 = time.perf_counter()
             answer = client.lease_batch(study_id, f"bench-{index}", 1, 120.0)
-            calls.append((time.time(), "lease", time.perf_counter() - t0))
+            record("lease", t0)
             if not answer["trials"]:
                 if answer["study_state"] != "running":
                     break
@@ -232,9 +249,15 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
                 error=out.error,
                 log_tail=out.log_tail,
             )
-            calls.append((time.time(), "report", time.perf_counter() - t0))
+            record("report", t0)
             reported.append((t["id"], t["attempt"], out.state))
-    return {"calls": calls, "reported": reported, "start": start, "end": time.time()}
+    return {
+        "calls": calls,
+        "served": served,
+        "reported": reported,
+        "start": start,
+        "end": time.time(),
+    }
 
 
 def optuna_sampler(strategy: str, seed: int) -> Any:
@@ -331,13 +354,16 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs) * 1e3, q)) if xs else float("nan")
 
 
-def _latency(calls: list[tuple[float, str, float]]) -> dict[str, float]:
+def _latency(calls: list[tuple[float, str, float]], by: str = "") -> dict[str, float]:
+    """p50/p95/p99 (ms) and count of each kind of call; ``by`` names whose clock timed them
+    (empty: the client's)."""
     out: dict[str, float] = {}
     for kind in ("lease", "report"):
         xs = [s for _, k, s in calls if k == kind]
         for q in (50, 95, 99):
-            out[f"{kind}_p{q}_ms"] = _pct(xs, q)
-        out[f"{kind}_calls"] = len(xs)
+            out[f"{kind}{by}_p{q}_ms"] = _pct(xs, q)
+        if not by:
+            out[f"{kind}_calls"] = len(xs)
     return out
 
 
@@ -345,6 +371,7 @@ def _summary(name: str, results: list[dict[str, Any]], trials: int) -> dict[str,
     """Trials/s from the moment every worker was ready to the last one's end."""
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     calls = [c for r in results for c in r["calls"]]
+    served = [c for r in results for c in r.get("served", [])]
     return {
         "system": name,
         "clients": len(results),
@@ -352,6 +379,7 @@ def _summary(name: str, results: list[dict[str, Any]], trials: int) -> dict[str,
         "wall_s": wall,
         "trials_per_s": trials / wall if wall > 0 else float("nan"),
         **_latency(calls),
+        **(_latency(served, "_server") if served else {}),
         "storage_errors": sum(r.get("errors", 0) for r in results),
     }
 
@@ -360,6 +388,7 @@ def windows(results: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     """Latency and throughput per window of ``size`` reports, in report order: whether a
     call's cost grows with the study's history."""
     calls = sorted((c for r in results for c in r["calls"]), key=lambda c: c[0])
+    served = [c for r in results for c in r.get("served", [])]
     reports = [t for t, k, _ in calls if k == "report"]
     out = []
     for k in range(0, len(reports) - size + 1, size):
@@ -370,6 +399,7 @@ def windows(results: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
                 "trials": f"{k}-{k + size}",
                 "trials_per_s": size / (hi - lo) if hi > lo else float("nan"),
                 **_latency(inside),
+                **(_latency([c for c in served if lo <= c[0] <= hi], "_server") if served else {}),
             }
         )
     return out

@@ -54,3 +54,8 @@ def test_jobs_that_take_time_hold_their_workers_in_both_systems() -> None:
         r = res[system]
         assert r["trials"] >= 8, r
         assert 0 < r["trials_per_s"] <= workers / job_s, r
+    # The service's own time of each call (Server-Timing) is part of the worker's.
+    c = res["cubic"]
+    for kind in ("lease", "report"):
+        for q in (50, 95, 99):
+            assert 0 <= c[f"{kind}_server_p{q}_ms"] <= c[f"{kind}_p{q}_ms"], c
