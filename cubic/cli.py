@@ -1045,6 +1045,15 @@ def bench_service_cmd(
         float,
         typer.Option(min=0, help="seconds each trial's job holds its worker, in both systems"),
     ] = 0.0,
+    client_nice: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=19,
+            help="run both systems' clients this many nice levels below the servers, "
+            "as if on machines of their own",
+        ),
+    ] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
 ) -> None:
     """Lease/report latency and trials/s of many workers against several API processes,
@@ -1065,6 +1074,7 @@ def bench_service_cmd(
         reference=reference,
         window=window,
         job_s=job_s,
+        client_nice=client_nice,
     )
     st = res["settings"]
     table = Table(
@@ -1075,7 +1085,8 @@ def bench_service_cmd(
         "lease p50 / p95 / p99 ms",
         "report p50 / p95 / p99 ms",
         "load avg",
-        title=f"{trials} trials, strategy {strategy}, jobs of {job_s:g} s, PostgreSQL "
+        title=f"{trials} trials, strategy {strategy}, jobs of {job_s:g} s, clients at nice "
+        f"{client_nice}, PostgreSQL "
         f"({st['database']}, max_connections {st['max_connections']})",
     )
     for key in ("cubic", "optuna"):

@@ -46,7 +46,13 @@ most recently read, beside those of the strategies it keeps."""
 FULL_REREAD_S = 300.0
 """A kept history is read in full again at this interval, whatever the refreshes missed."""
 RETRY_AFTER_S = 0.25
-"""What a lease that found no waiting trial tells the worker to wait, at least."""
+"""What a lease that found no waiting trial tells the worker to wait, before this process
+has timed a proposal round."""
+RETRY_AFTER_RANGE_S = (0.1, 2.0)
+"""Bounds of that hint once rounds are timed: it is a typical round's duration, since the
+lease has just woken the proposer and a round is what the worker waits for."""
+ROUND_EWMA = 0.2
+"""Weight of the newest round in the running average of proposal rounds' durations."""
 RETRY_AT_CAP_S = 1.0
 """... and when the study already runs its ``max_parallel`` trials."""
 
@@ -155,6 +161,21 @@ class Tuner:
         # Study -> its count of proposals right after this process's latest round.
         self._proposed_to: dict[int, int] = {}
         self._local_guard = threading.Lock()
+        self.round_s: float | None = None  # running average of background rounds' time
+
+    def observe_round(self, seconds: float) -> None:
+        """Time one background proposal round: leases that come back short then tell the
+        worker to wait about one round, not a fixed time, so that workers of a study whose
+        rounds take seconds do not poll many times in each, nor wait long for quick ones."""
+        r = self.round_s
+        self.round_s = seconds if r is None else (1 - ROUND_EWMA) * r + ROUND_EWMA * seconds
+
+    def retry_after(self) -> float:
+        """How long a worker whose lease came back short should wait (see :meth:`lease`)."""
+        if self.round_s is None:
+            return RETRY_AFTER_S
+        lo, hi = RETRY_AFTER_RANGE_S
+        return min(hi, max(lo, self.round_s))
 
     @contextlib.contextmanager
     def _proposing(self, study_id: int) -> Iterator[None]:
@@ -324,7 +345,7 @@ class Tuner:
             if counts.running >= cap:  # nothing more may run until a trial ends
                 return Lease(leased, counts.state, retry_after_s=RETRY_AT_CAP_S)
             self.wake.set()
-            return Lease(leased, counts.state, retry_after_s=RETRY_AFTER_S)
+            return Lease(leased, counts.state, retry_after_s=self.retry_after())
         self.fill(study_id, wait=True, want=n - len(leased))
         leased, counts = self.store.lease(study_id, worker_id, n, lease_seconds, max_running=cap)
         return Lease(leased, counts.state)

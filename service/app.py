@@ -101,6 +101,18 @@ def observe(kind: str, seconds: float) -> None:
 Observer = Callable[[str, float], None]
 
 
+def observer(tuner: Tuner) -> Observer:
+    """:func:`observe`, and each proposal round's time told to ``tuner`` too: the API
+    process's leases derive their ``retry_after_s`` from it."""
+
+    def record(kind: str, seconds: float) -> None:
+        observe(kind, seconds)
+        if kind == "proposal":
+            tuner.observe_round(seconds)
+
+    return record
+
+
 def retrain_forever(
     store: Store,
     stop: threading.Event,
@@ -241,14 +253,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         if in_process:
             stop = threading.Event()
-            threads = start_background(store, tuner, config, stop)
+            threads = start_background(store, tuner, config, stop, observer(tuner))
         else:
             from service.background import BackgroundProcess
 
             background = app.state.background = BackgroundProcess(config)
             tuner.wake = background.wake  # a lease that came back short wakes it
             await anyio.to_thread.run_sync(background.start)
-            watcher = asyncio.create_task(background.watch(), name="cubic-background")
+            watcher = asyncio.create_task(
+                background.watch(observer(tuner)), name="cubic-background"
+            )
         try:
             yield
         finally:

@@ -49,13 +49,12 @@ class BackgroundProcess:
         )
         self.process.start()
 
-    async def watch(self) -> None:
-        """Record the child's timings in this process's metrics; restart it if it died."""
-        from service.app import observe
-
+    async def watch(self, record: Any) -> None:
+        """Pass the child's timings to ``record`` (this process's metrics, and its tuner's
+        lease hint); restart the child if it died."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            self.drain(observe)
+            self.drain(record)
             if self.process is not None and not self.process.is_alive():
                 self.restarts += 1
                 log.error(

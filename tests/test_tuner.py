@@ -472,3 +472,30 @@ def test_a_report_costs_the_same_statements_whatever_the_history(tuner: Tuner) -
     # begins its write transaction by hand); a report read the trial twice and the counts
     # in a transaction of their own before (9 on SQLite).
     assert per_report[0] <= 5, per_report
+
+
+def test_a_short_lease_says_to_wait_about_one_proposal_round(store: Store) -> None:
+    """With a background proposer, a lease that finds nothing waiting tells the worker to
+    come back after about one round of that process's proposer (bounded), not a fixed time:
+    a study whose rounds take seconds is not polled many times in each."""
+    tuner = Tuner(store, background_propose=True)
+    sid = tuner.create_study(_spec()).id
+
+    def hint() -> float | None:
+        got = tuner.lease(sid, "w", 1)
+        assert got.trials == [] and tuner.wake.is_set()  # nothing proposed: the proposer woken
+        return got.retry_after_s
+
+    untimed = hint()
+    assert untimed is not None and untimed > 0
+    for _ in range(30):
+        tuner.observe_round(1.5)
+    assert hint() == pytest.approx(1.5, rel=0.01)
+    tuner.observe_round(0.001)
+    assert 1.0 < hint() < 1.5  # a running average: one quick round moves it a little
+    for _ in range(60):
+        tuner.observe_round(0.001)
+    assert hint() == pytest.approx(0.1)  # bounded below: workers do not spin
+    for _ in range(60):
+        tuner.observe_round(600.0)
+    assert hint() == pytest.approx(2.0)  # nor wait long for a round that may end at once

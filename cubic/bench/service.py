@@ -182,7 +182,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]:
+def _cubic_worker(args: tuple[str, int, int, str, float, int, Any]) -> dict[str, Any]:
     """One worker process: lease one trial at a time, run it, report it, timing each call.
 
     Each job holds the worker ``job_s`` seconds after the simulator has answered, as a
@@ -204,7 +204,8 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
     from cubic.workload import Workload
     from service.timing import app_ms
 
-    url, study_id, index, workload_json, job_s, barrier = args
+    url, study_id, index, workload_json, job_s, nice, barrier = args
+    _lower_priority(nice)
     workload = Workload.from_dict(json.loads(workload_json))
     rng, short = random.Random(index), 0
     calls: list[tuple[float, str, float]] = []  # (wall time at the end, kind, seconds)
@@ -255,9 +256,16 @@ def _cubic_worker(args: tuple[str, int, int, str, float, Any]) -> dict[str, Any]
         "calls": calls,
         "served": served,
         "reported": reported,
+        "nice": os.nice(0) if hasattr(os, "nice") else 0,
         "start": start,
         "end": time.time(),
     }
+
+
+def _lower_priority(nice: int) -> None:
+    """Run this client process ``nice`` levels below the servers (see :func:`bench_service`)."""
+    if nice and hasattr(os, "nice"):
+        os.nice(nice)
 
 
 def optuna_sampler(strategy: str, seed: int) -> Any:
@@ -272,7 +280,7 @@ def optuna_sampler(strategy: str, seed: int) -> Any:
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
-def _optuna_worker(args: tuple[str, str, int, int, str, str, float, Any]) -> dict[str, Any]:
+def _optuna_worker(args: tuple[str, str, int, int, str, str, float, int, Any]) -> dict[str, Any]:
     """The reference: the same loop through Optuna's RDBStorage ask/tell, stopping once the
     study has ``budget`` finished trials (what ``MaxTrialsCallback`` checks)."""
     import json
@@ -284,7 +292,8 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, float, Any]) -> dic
     from cubic.workload import Workload
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    db_url, name, budget, seed, payload, strategy, job_s, barrier = args
+    db_url, name, budget, seed, payload, strategy, job_s, nice, barrier = args
+    _lower_priority(nice)
     data = json.loads(payload)
     workload = Workload.from_dict(data["workload"])
     space = Space.from_dict(data["space"])
@@ -336,7 +345,14 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, float, Any]) -> dic
             retried(study.tell, trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         calls.append((time.time(), "report", time.perf_counter() - t0))
         told += 1
-    return {"calls": calls, "told": told, "errors": errors, "start": start, "end": time.time()}
+    return {
+        "calls": calls,
+        "told": told,
+        "errors": errors,
+        "nice": os.nice(0) if hasattr(os, "nice") else 0,
+        "start": start,
+        "end": time.time(),
+    }
 
 
 def _max_connections(db_url: str) -> int:
@@ -381,6 +397,7 @@ def _summary(name: str, results: list[dict[str, Any]], trials: int) -> dict[str,
         **_latency(calls),
         **(_latency(served, "_server") if served else {}),
         "storage_errors": sum(r.get("errors", 0) for r in results),
+        "client_nice": sorted({r.get("nice", 0) for r in results}),
     }
 
 
@@ -455,6 +472,7 @@ def bench_service(
     reference: bool = True,
     window: int | None = None,
     job_s: float = 0.0,
+    client_nice: int = 0,
 ) -> dict[str, Any]:
     """Run cubic and (optionally) the Optuna reference with the same number of clients;
     return figures and invariant checks.
@@ -465,6 +483,9 @@ def bench_service(
     ``window``: also report latency per ``window`` reports (a history-growth run).
     ``job_s``: seconds each trial's job holds its worker in both systems (0: instant jobs,
     where every figure measures how fast the machine's cores turn calls around).
+    ``client_nice``: both systems' client processes run this many levels below the servers
+    (API processes, PostgreSQL), as if on machines of their own: on a benchmark machine
+    where they share the cores, a server's answer otherwise waits behind clients' work.
     """
 
     own = None
@@ -475,7 +496,8 @@ def bench_service(
         own.start()
         pg_url = own.url
     try:
-        return _bench(pg_url, trials, workers, api_workers, strategy, reference, window, job_s, own)
+        args = (strategy, reference, window, job_s, client_nice)
+        return _bench(pg_url, trials, workers, api_workers, *args, own)
     finally:
         if own is not None:
             own.remove()
@@ -490,6 +512,7 @@ def _bench(
     reference: bool,
     window: int | None,
     job_s: float,
+    client_nice: int,
     own: Any,
 ) -> dict[str, Any]:
     import json
@@ -511,6 +534,7 @@ def _bench(
             "database": "own cluster" if own is not None else "given server",
             "max_connections": limit,
             "job_s": job_s,
+            "client_nice": client_nice,
         }
     }
     pool = {"CUBIC_DB_POOL_SIZE": "8", "CUBIC_DB_MAX_OVERFLOW": "4"}
@@ -521,7 +545,8 @@ def _bench(
         with api_server(db_url, api_workers, pool) as url:
             with CubicClient(url) as client:
                 study_id = client.create_study(spec)["id"]
-            args = [(url, study_id, i, json.dumps(spec["workload"]), job_s) for i in range(clients)]
+            wl = json.dumps(spec["workload"])
+            args = [(url, study_id, i, wl, job_s, client_nice) for i in range(clients)]
             load0 = os.getloadavg()[0]
             results = _run_pool(ctx, _cubic_worker, args)
             load = os.getloadavg()[0]
@@ -545,7 +570,10 @@ def _bench(
             name = "optuna-reference"
             optuna.create_study(study_name=name, storage=db_url, direction="maximize")
             payload = json.dumps({"workload": spec["workload"], "space": spec["space"]})
-            args2 = [(db_url, name, trials, i, payload, strategy, job_s) for i in range(clients)]
+            args2 = [
+                (db_url, name, trials, i, payload, strategy, job_s, client_nice)
+                for i in range(clients)
+            ]
             results = _run_pool(ctx, _optuna_worker, args2)
             load = os.getloadavg()[0]
             told = sum(r["told"] for r in results)

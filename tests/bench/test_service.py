@@ -42,10 +42,12 @@ PG = os.environ.get("CUBIC_TEST_DATABASE_URL")
 def test_jobs_that_take_time_hold_their_workers_in_both_systems() -> None:
     """With ``job_s`` each trial holds its worker that long in cubic and in the Optuna
     reference alike: neither can finish more than ``workers / job_s`` trials a second (one
-    here; with instant jobs either runs several a second even on a loaded machine)."""
+    here; with instant jobs either runs several a second even on a loaded machine). Both
+    systems' clients run ``client_nice`` levels below the servers."""
     job_s, workers = 2.0, 2
+    base = os.nice(0)
     res = bench_service(
-        PG, trials=8, workers=workers, api_workers=1, strategy="random", job_s=job_s
+        PG, trials=8, workers=workers, api_workers=1, strategy="random", job_s=job_s, client_nice=3
     )
     assert res["settings"]["job_s"] == job_s
     inv = res["invariants"]
@@ -54,6 +56,7 @@ def test_jobs_that_take_time_hold_their_workers_in_both_systems() -> None:
         r = res[system]
         assert r["trials"] >= 8, r
         assert 0 < r["trials_per_s"] <= workers / job_s, r
+        assert r["client_nice"] == [min(19, base + 3)], r
     # The service's own time of each call (Server-Timing) is part of the worker's.
     c = res["cubic"]
     for kind in ("lease", "report"):

@@ -53,6 +53,9 @@ def test_the_background_process_proposes_and_the_api_process_never_does(
         return float(line.split()[-1]) >= 1
 
     _wait("a proposal timing in /metrics", proposal_counted)
+    # ... and this process's leases: a short one says to wait about one of those rounds.
+    _wait("the rounds timed for the lease hint", lambda: app.state.tuner.round_s is not None)
+    assert app.state.tuner.retry_after() > 0
     assert background.process.is_alive()
 
 
