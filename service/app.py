@@ -120,17 +120,18 @@ def retrain_forever(
     interval_s: float,
     tuner: Tuner | None = None,
     record: Observer = observe,
+    max_share: float | None = None,
 ) -> None:
     """Fit ahead of demand each running study's own model (the one its strategy proposes
     with, as in the benchmark), and refit each workload kind's shared proxy once ``every``
-    new trials finished (a thread).
+    new trials finished, taking at most ``max_share`` of a core on average (a thread).
 
     Fitting is CPU-bound: it runs here, off the request path, so that a lease usually finds
     its study's model fitted.
     """
     from cubic.proxy.training import KINDS, Retrainer
 
-    retrainer = Retrainer(store, every=every)
+    retrainer = Retrainer(store, every=every, max_share=max_share)
     next_shared = 0.0
     while not stop.is_set():
         if tuner is not None:
@@ -212,6 +213,7 @@ def start_background(
         name="cubic-retrainer",
         daemon=True,
         args=(store, stop, config.retrain_every, config.retrain_interval_s, tuner, record),
+        kwargs={"max_share": config.retrain_max_share},
     )
     proposer = threading.Thread(
         target=propose_forever,

@@ -20,7 +20,9 @@ class ServiceSettings(Settings):
 
     ``CUBIC_REAP_INTERVAL_S``: how often expired leases are turned into failed trials.
     ``CUBIC_RETRAIN_EVERY``: new finished trials of a workload kind before its proxy model
-    is refitted; ``CUBIC_RETRAIN_INTERVAL_S``: how often the retrainer looks.
+    is refitted; ``CUBIC_RETRAIN_INTERVAL_S``: how often the retrainer looks;
+    ``CUBIC_RETRAIN_MAX_SHARE``: the most of a core those shared refits take on average
+    (after a fit of d seconds the next waits until d / share after it began).
     ``CUBIC_DEFAULT_LEASE_S``: the lease length when a worker does not name one.
     ``CUBIC_MAX_PAGE_SIZE``: the largest ``limit`` a list endpoint accepts.
     ``CUBIC_SPACES_DIR``: where a submitted spec's ``space:`` file name is looked up
@@ -42,6 +44,7 @@ class ServiceSettings(Settings):
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
     retrain_every: int = Field(8, ge=1, le=100_000)
     retrain_interval_s: float = Field(5.0, gt=0, le=3600)
+    retrain_max_share: float = Field(0.1, gt=0, le=1)
     default_lease_s: float = Field(300.0, ge=1, le=86400)
     max_page_size: int = Field(500, ge=1, le=100_000)
     spaces_dir: Path = Path("search_spaces")

@@ -220,6 +220,12 @@ class Retrainer:
     CPU-bound and blocking: run it in a thread (:meth:`run` is a ready-made loop), never in
     an event loop. One refit runs at a time per kind, across every process on the store.
     Workloads come from each study's stored spec unless ``workload_of`` is given.
+
+    ``max_share`` bounds the share of a core the fits take when trials finish faster than a
+    fit runs (a quick study on a service): after a fit of ``d`` seconds the next of that kind
+    waits until ``d / max_share`` seconds after the first began. The shared model is a
+    cross-study summary (the dashboard's knob importance, its quality figures), not what a
+    study proposes with, so a few minutes' staleness costs nothing a request needs.
     """
 
     def __init__(
@@ -233,6 +239,7 @@ class Retrainer:
         objective: str = "auto",
         params: Mapping[str, Any] | None = None,
         seed: int = 0,
+        max_share: float | None = None,
     ) -> None:
         if every < 1:
             raise ValueError("every must be at least 1")
@@ -240,6 +247,8 @@ class Retrainer:
             raise ValueError("growth must be >= 0")
         if max_rows < 2:
             raise ValueError("max_rows must be at least 2")
+        if max_share is not None and not 0 < max_share <= 1:
+            raise ValueError("max_share must be in (0, 1]")
         self.store = store
         self.every = every
         self.growth = growth
@@ -248,6 +257,8 @@ class Retrainer:
         self.objective = objective
         self.params = dict(params or {})
         self.seed = seed
+        self.max_share = max_share
+        self._not_before: dict[str, float] = {}  # kind -> monotonic time of its next fit
         self._lock = threading.Lock()
         self._workloads: dict[int, Workload | None] = {}
 
@@ -278,6 +289,8 @@ class Retrainer:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""
         finished = [TrialState.COMPLETE, TrialState.PRUNED, TrialState.INFEASIBLE]
         with self._lock:
+            if time.monotonic() < self._not_before.get(kind, 0.0):
+                return None  # the last fit's time is not yet paid for (``max_share``)
             if not self.due(kind, self.store.count_for_kind(kind, finished)):
                 return None  # not due: nothing read but a count and the newest version
             # Of several processes that find a refit due, one fits; the others skip it.
@@ -293,16 +306,21 @@ class Retrainer:
                 ]
                 if sum(t.state == TrialState.COMPLETE for t in trials) < 2:
                     return None
-                return fit_and_store(
-                    self.store,
-                    kind,
-                    trials,
-                    self._workload,
-                    objective=self.objective,
-                    params=self.params,
-                    seed=self.seed,
-                    n_history=count,
-                )
+                t0 = time.monotonic()
+                try:
+                    return fit_and_store(
+                        self.store,
+                        kind,
+                        trials,
+                        self._workload,
+                        objective=self.objective,
+                        params=self.params,
+                        seed=self.seed,
+                        n_history=count,
+                    )
+                finally:
+                    if self.max_share is not None:
+                        self._not_before[kind] = t0 + (time.monotonic() - t0) / self.max_share
 
     def run(
         self, stop: threading.Event, kinds: Sequence[str] = KINDS, interval_s: float = 30.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -170,6 +171,32 @@ def test_retrainer_refits_as_the_history_grows_by_a_share_and_reads_the_newest(
         Retrainer(store, growth=-0.1)
     with pytest.raises(ValueError, match="max_rows"):
         Retrainer(store, max_rows=1)
+
+
+def test_retrainer_takes_at_most_its_share_of_a_core(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_share``, a refit that is due waits until the last fit's time divided by
+    the share has passed since it began: trials finishing faster than fits run cannot keep
+    a core busy fitting."""
+    import cubic.proxy.training as training
+
+    sid = _study(store)
+    retrainer = Retrainer(store, every=8, objective="regression", max_share=0.01)
+    _add(store, sid, 30, 3)
+    t0 = time.monotonic()
+    first = retrainer.maybe_retrain("llm")
+    took = time.monotonic() - t0
+    assert first is not None
+    _add(store, sid, 10, 4)
+    assert retrainer.due("llm", 40)  # due by count ...
+    assert retrainer.maybe_retrain("llm") is None  # ... but 100 fits' time has not passed
+    monkeypatch.setattr(training.time, "monotonic", lambda: t0 + 100 * took + 1.0)
+    second = retrainer.maybe_retrain("llm")
+    assert second is not None and second.version == 2
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="max_share"):
+            Retrainer(store, max_share=share)
 
 
 def test_of_two_retrainers_one_fits_a_due_version(store: Store) -> None:
