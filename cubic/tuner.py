@@ -162,6 +162,7 @@ class Tuner:
         self._proposed_to: dict[int, int] = {}
         self._local_guard = threading.Lock()
         self.round_s: float | None = None  # running average of background rounds' time
+        self.claims = store.claims()  # the studies this process proposes for (to_fill)
 
     def observe_round(self, seconds: float) -> None:
         """Time one background proposal round: leases that come back short then tell the
@@ -382,14 +383,29 @@ class Tuner:
         return len(added)
 
     def to_fill(self) -> list[int]:
-        """Running studies with room for proposals now (one query)."""
-        out = []
-        for sid, counts in self.store.running_studies().items():
+        """Running studies with room for proposals now that this process proposes for
+        (one query, and one claim attempt per study that it does not propose for).
+
+        A background proposer claims the studies it proposes for and keeps them while they
+        run (see :class:`~cubic.store.repository.StudyClaims`), so that one process keeps
+        and fits each study's model, not every process a copy. It takes at most one new
+        study per call, so that the processes of a service share the studies created at
+        once between them rather than the first to wake taking them all.
+        """
+        running = self.store.running_studies()
+        self.claims.keep_only(running)
+        out, claimed = [], False
+        for sid, counts in running.items():
             try:
-                if self._room(sid, counts) > 0:
-                    out.append(sid)
+                if self._room(sid, counts) <= 0:
+                    continue
             except CubicError:
                 continue  # a study whose spec no longer loads: its leases will say why
+            if sid not in self.claims.held:
+                if claimed or not self.claims.claim(sid):
+                    continue  # another process proposes for it (or takes it next time)
+                claimed = True
+            out.append(sid)
         return out
 
     def _history(self, study_id: int) -> list[Trial]:

@@ -167,9 +167,19 @@ def propose_forever(
     thread): woken when a study is created, a trial finishes or a lease came back short,
     and every ``interval_s`` in any case (another API process may have freed a slot).
 
-    Several API processes may run one each: a study whose proposal lock another holds is
-    skipped, so a study is filled by one process at a time and no lease waits for it.
+    Several API processes may run one each: each proposes for the studies it claimed (see
+    :meth:`Tuner.to_fill`), so a study is filled by one process, which keeps its model, and
+    no lease waits for it.
     """
+    try:
+        _propose_until(tuner, stop, interval_s, record)
+    finally:
+        tuner.claims.close()  # the other processes take this one's studies over
+
+
+def _propose_until(
+    tuner: Tuner, stop: threading.Event, interval_s: float, record: Observer
+) -> None:
     while not stop.is_set():
         tuner.wake.wait(interval_s)
         tuner.wake.clear()

@@ -499,3 +499,30 @@ def test_a_short_lease_says_to_wait_about_one_proposal_round(store: Store) -> No
     for _ in range(60):
         tuner.observe_round(600.0)
     assert hint() == pytest.approx(2.0)  # nor wait long for a round that may end at once
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_each_study_is_proposed_for_by_one_background_process(store: Store, db_url: str) -> None:
+    """Of two processes proposing in the background, the first to look takes a study and
+    keeps it (its model stays in one process), takes one new study per look so that studies
+    created at once are shared, lets a study go once it stops running, and takes over the
+    studies of a process that ended."""
+    first = Tuner(store, background_propose=True)
+    a = first.create_study(_spec(name="a")).id
+    b = first.create_study(_spec(name="b")).id
+    with Store(db_url) as elsewhere:
+        second = Tuner(elsewhere, background_propose=True)
+        try:
+            assert first.to_fill() == [a]  # one new study per look
+            assert second.to_fill() == [b]  # the other is the second process's
+            assert first.to_fill() == [a] and second.to_fill() == [b]  # each keeps its own
+            assert first.fill(a) > 0 and first.to_fill() == [] and first.claims.held == {a}
+            second.claims.close()  # the second process ends
+            assert first.to_fill() == [b] and first.claims.held == {a, b}
+            first.set_state(a, "paused")
+            assert first.to_fill() == [b] and first.claims.held == {b}  # a let go
+            assert second.to_fill() == []  # a is paused, b the first's
+        finally:
+            second.claims.close()
+            first.claims.close()

@@ -24,7 +24,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
@@ -81,6 +81,7 @@ _PG_PROXY_LOCK_NS = 0x63756271  # a version number is taken (save_proxy_model)
 # Not the version lock's: the fitting process saves the version on another connection, and
 # there a lock held by this one would be waited for forever.
 _PG_PROXY_FIT_LOCK_NS = 0x63756272
+_PG_PROPOSER_NS = 0x63756273  # a study's proposer (see Store.claims)
 _TRIAL_ORDERS = {
     "number": (TrialRow.number.asc(),),
     "-number": (TrialRow.number.desc(),),
@@ -1005,6 +1006,10 @@ class Store:
         with self._try_lock(_PG_STUDY_LOCK_NS, study_id, wait=wait) as held:
             yield held
 
+    def claims(self) -> StudyClaims:
+        """This process's claims on studies as their proposer (see :class:`StudyClaims`)."""
+        return StudyClaims(self)
+
     @contextmanager
     def try_proxy_fit_lock(self, workload_kind: str) -> Iterator[bool]:
         """A workload kind's lock for fitting its shared proxy model, if free now (yields
@@ -1069,6 +1074,76 @@ class Store:
         if self._pg_schema is None:
             self._pg_schema = str(conn.execute(text("SELECT current_schema()")).scalar() or "")
         return _int32(zlib.crc32(f"{self._pg_schema}/{ns:x}".encode()))
+
+
+class StudyClaims:
+    """Which studies one process proposes for, across its rounds.
+
+    Of several processes that propose in the background (one per API process), the one
+    whose round runs a study's strategy keeps its caches warm: its fitted model, its
+    in-memory history. If whichever process woke first proposed, each would keep and refit
+    a copy of every study's model. So a process claims a study and proposes for it until
+    the study stops running or the process ends; the others leave it alone.
+
+    PostgreSQL: session-level advisory locks, all on one connection this object holds, so
+    that a process that dies (or loses its connection) frees its claims at once. SQLite:
+    every claim is granted (the processes sharing a SQLite file are one API process and its
+    background process, which alone proposes). Used by one thread.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._conn: Connection | None = None
+        self._ns: int | None = None
+        self.held: set[int] = set()
+
+    def claim(self, study_id: int) -> bool:
+        """Whether this process proposes for the study: it already does, or it takes it now
+        (no other process does)."""
+        if study_id in self.held:
+            return True
+        if not self._store._pg:
+            self.held.add(study_id)
+            return True
+        got = self._run("SELECT pg_try_advisory_lock(:ns, :key)", study_id)
+        if got:
+            self.held.add(study_id)
+        return bool(got)
+
+    def keep_only(self, study_ids: Container[int]) -> None:
+        """Give up the claims on studies not in ``study_ids`` (those no longer running)."""
+        for sid in [s for s in self.held if s not in study_ids]:
+            self.held.discard(sid)
+            if self._store._pg:
+                self._run("SELECT pg_advisory_unlock(:ns, :key)", sid)
+
+    def close(self) -> None:
+        """Give up every claim."""
+        self.held.clear()
+        if self._conn is not None:
+            with suppress(SQLAlchemyError):
+                # Closed for real, not handed back to the pool: its server session (and the
+                # locks the session holds) ends with it.
+                self._conn.invalidate()
+                self._conn.close()
+            self._conn = None
+
+    def _run(self, sql: str, key: int) -> Any:
+        try:
+            if self._conn is None:
+                self._conn = self._store._engine.connect()
+                self._ns = self._store._pg_lock_ns(self._conn, _PG_PROPOSER_NS)
+            out = self._conn.execute(text(sql), {"ns": self._ns, "key": key}).scalar()
+            self._conn.commit()
+            return out
+        except SQLAlchemyError as exc:
+            # The session is gone and its locks with it: claim again from nothing.
+            if self._conn is not None:
+                with suppress(SQLAlchemyError):
+                    self._conn.invalidate()
+                self._conn = None
+            self.held.clear()
+            raise StorageError(_describe(exc)) from exc
 
 
 # -- helpers ---------------------------------------------------------------------------------

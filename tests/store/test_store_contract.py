@@ -17,12 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
+from sqlalchemy import text
 
 from cubic.errors import (
     Conflict,
     InvalidInput,
     LeaseLost,
     NotFound,
+    StorageError,
     TrialFinished,
 )
 from cubic.store import LEASE_EXPIRED, Store, StudyState, Trial, TrialState
@@ -809,6 +811,41 @@ class TestStudyLock:
                     assert c and d
                 with Store(db_url) as same, same.try_study_lock(study.id) as e:
                     assert not e  # within one schema the lock is still shared
+
+    def test_a_study_has_one_proposer_until_it_lets_go_or_its_connection_goes(
+        self, store: Store, db_url: str
+    ) -> None:
+        """Of two processes' claims on PostgreSQL one proposes for a study, across rounds,
+        until it gives the study up (no longer running) or its session ends; on SQLite (one
+        proposing process) every claim is granted."""
+        a_study = store.create_study("a", {}, "llm")
+        b_study = store.create_study("b", {}, "llm")
+        with Store(db_url) as other_process:
+            mine, theirs = store.claims(), other_process.claims()
+            try:
+                assert mine.claim(a_study.id) and mine.claim(a_study.id)  # kept, not re-taken
+                if not db_url.startswith("postgresql"):
+                    assert theirs.claim(a_study.id)
+                    return
+                assert not theirs.claim(a_study.id)
+                assert theirs.claim(b_study.id) and not mine.claim(b_study.id)
+                mine.keep_only({b_study.id})  # a is no longer running: given up
+                assert mine.held == set() and theirs.claim(a_study.id)
+                theirs.close()  # the process ends: its studies are free
+                assert mine.claim(a_study.id) and mine.claim(b_study.id)
+                assert mine._conn is not None
+                pid = mine._conn.execute(text("SELECT pg_backend_pid()")).scalar()
+                mine._conn.commit()
+                with other_process._engine.connect() as conn:  # the session is lost ...
+                    conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                with pytest.raises(StorageError):  # ... and its claims with it
+                    mine.claim(999)
+                assert mine.held == set()
+                assert theirs.claim(a_study.id)  # ... on the server too
+                assert mine.claim(b_study.id)  # and it claims again on a new session
+            finally:
+                mine.close()
+                theirs.close()
 
     def test_lock_is_released_after_an_error(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
