@@ -252,14 +252,13 @@ def _cubic_worker(args: tuple[str, int, int, str, float, int, Any]) -> dict[str,
             )
             record("report", t0)
             reported.append((t["id"], t["attempt"], out.state))
-    return {
-        "calls": calls,
-        "served": served,
-        "reported": reported,
-        "nice": os.nice(0) if hasattr(os, "nice") else 0,
-        "start": start,
-        "end": time.time(),
-    }
+    return _client_result(calls, start, served=served, reported=reported)
+
+
+def _client_result(calls: list[Any], start: float, **more: Any) -> dict[str, Any]:
+    """What a client process hands back: its calls, its nice value, when it ran."""
+    nice = os.nice(0) if hasattr(os, "nice") else 0
+    return {"calls": calls, **more, "nice": nice, "start": start, "end": time.time()}
 
 
 def _lower_priority(nice: int) -> None:
@@ -345,14 +344,7 @@ def _optuna_worker(args: tuple[str, str, int, int, str, str, float, int, Any]) -
             retried(study.tell, trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         calls.append((time.time(), "report", time.perf_counter() - t0))
         told += 1
-    return {
-        "calls": calls,
-        "told": told,
-        "errors": errors,
-        "nice": os.nice(0) if hasattr(os, "nice") else 0,
-        "start": start,
-        "end": time.time(),
-    }
+    return _client_result(calls, start, told=told, errors=errors)
 
 
 def _max_connections(db_url: str) -> int:
