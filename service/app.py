@@ -143,6 +143,8 @@ def retrain_forever(
         if time.monotonic() >= next_shared:
             next_shared = time.monotonic() + interval_s
             for kind in KINDS:
+                if stop.is_set():
+                    return
                 t0 = time.perf_counter()
                 try:
                     version = retrainer.maybe_retrain(kind)
@@ -236,6 +238,20 @@ def start_background(
     return [retrainer, proposer]
 
 
+FIT_STOP_S = 2.0
+"""How long a shutdown waits for a model fit in progress: fitted models are caches (refitted
+after a restart), so a stop does not wait out a fit that can take minutes on a busy machine,
+while a proposal round in progress, which stores trials, is waited for."""
+
+
+def join_background(threads: list[threading.Thread], timeout_s: float) -> None:
+    """Wait for the threads :func:`start_background` started, once ``stop`` is set: the
+    proposer up to ``timeout_s``, the retrainer up to :data:`FIT_STOP_S` (it is a daemon
+    thread: a fit still running ends with the process)."""
+    for thread in threads:
+        thread.join(timeout_s if thread.name == "cubic-proposer" else FIT_STOP_S)
+
+
 def log_to_stderr(level: str) -> None:
     """Show the service's own log lines (uvicorn configures only its own loggers)."""
     cubic_log = logging.getLogger("cubic")
@@ -284,8 +300,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if in_process:
                 stop.set()
                 tuner.wake.set()
-                for thread in threads:
-                    await anyio.to_thread.run_sync(thread.join, 60.0)
+                await anyio.to_thread.run_sync(join_background, threads, 60.0)
             else:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

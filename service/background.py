@@ -94,7 +94,7 @@ def main(settings: dict[str, Any], parent: int, wake: Any, stop: Any, timings: A
     """The child: a store and a tuner of its own, running the retrainer and the proposer
     until ``stop`` is set or the API process ``parent`` is gone."""
     from cubic.tuner import Tuner
-    from service.app import log_to_stderr, open_store, start_background
+    from service.app import join_background, log_to_stderr, open_store, start_background
 
     config = ServiceSettings(**settings)
     log_to_stderr(config.log_level)
@@ -116,6 +116,5 @@ def main(settings: dict[str, Any], parent: int, wake: Any, stop: Any, timings: A
                 stop.set()
     finally:
         wake.set()
-        for thread in threads:
-            thread.join(STOP_TIMEOUT_S)
+        join_background(threads, STOP_TIMEOUT_S)
         store.engine.dispose()

@@ -564,6 +564,10 @@ class Store:
             raise InvalidInput(f"n must be an integer >= 0, got {n!r}")
         now = _check_now(now)
         deadline = now + _lease_delta(lease_seconds)
+        if n > 0:
+            empty = self._nothing_to_lease(study_id, worker_id, max_running)
+            if empty is not None:
+                return [], empty
         with self._session(write=True) as s:
             state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
             if state is None:
@@ -628,6 +632,40 @@ class Store:
             # Last: the study row stays locked only until the commit.
             moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
             return [_trial(r) for r in own + fresh], moved or _study_counts(s, study_id)
+
+    def _nothing_to_lease(
+        self, study_id: int, worker_id: str, max_running: int | None
+    ) -> StudyCounts | None:
+        """The study's counts if a lease would hand ``worker_id`` nothing (it holds no trial
+        of the study, and none waits, or the study is not running or already runs
+        ``max_running``), read in one statement without a lock or a write; else None.
+
+        Most leases of a busy study are of this kind (workers asking again while a round is
+        proposed): they cost one read, not the locking transaction of a lease that hands a
+        trial out. A trial that comes to wait just after is leased on the worker's next ask.
+        """
+        own = (
+            select(func.count())
+            .select_from(TrialRow)
+            .where(
+                TrialRow.study_id == study_id,
+                TrialRow.state == TrialState.RUNNING.value,
+                TrialRow.worker_id == worker_id,
+            )
+            .scalar_subquery()
+        )
+        query = select(*_COUNTS, StudyRow.gpu_hours, own).where(StudyRow.id == study_id)
+        with self._session(write=False) as s:
+            row = s.execute(query).first()
+        if row is None:
+            raise NotFound(f"study {study_id} not found")
+        counts = _counts_of(row[:5])
+        if row[5]:
+            return None  # the worker holds trials: the lease hands them back
+        capped = max_running is not None and counts.running >= max_running
+        if counts.state != StudyState.RUNNING or counts.waiting == 0 or capped:
+            return counts
+        return None
 
     def heartbeat(
         self,

@@ -103,3 +103,32 @@ def _nice(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rfind(")") + 2 :].split()[16])
+
+
+def test_a_stop_does_not_wait_out_a_model_fit(
+    migrated_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared-proxy fit in progress (a cache, refitted after a restart) does not hold up a
+    shutdown, which would otherwise outlast a deployment's grace period on a busy machine."""
+    import threading
+
+    from cubic.proxy.training import Retrainer
+
+    fitting, release = threading.Event(), threading.Event()
+
+    def endless_fit(self: Retrainer, kind: str) -> None:
+        fitting.set()
+        release.wait(600)
+
+    monkeypatch.setattr(Retrainer, "maybe_retrain", endless_fit)
+    client = TestClient(create_app(service_settings(migrated_url)))
+    client.__enter__()
+    try:
+        _wait("the fit to start", fitting.is_set)
+        stopper = threading.Thread(target=client.__exit__, args=(None, None, None))
+        stopper.start()
+        # Generous, but less than the 60 s a proposal round in progress is given.
+        stopper.join(30)
+        assert not stopper.is_alive(), "the shutdown waited for the fit"
+    finally:
+        release.set()

@@ -286,6 +286,45 @@ class TestTrials:
 
 
 class TestLeases:
+    def test_a_lease_with_nothing_to_hand_out_is_one_read(self, store: Store) -> None:
+        """Nothing waiting, the study at its running cap, or not running, and the worker
+        holding nothing: the lease answers from one statement (no lock, no write) with the
+        study's counts; with a trial waiting or held it leases as ever."""
+        from sqlalchemy import event
+
+        study = store.create_study("a", {}, "llm")
+        seen: list[str] = []
+
+        def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if not statement.lstrip().upper().startswith("BEGIN"):  # SQLite begins by hand
+                seen.append(statement)
+
+        def lease(worker: str, cap: int | None = None) -> tuple[list[Trial], Any, int]:
+            seen.clear()
+            got, counts = store.lease(study.id, worker, 1, 60, max_running=cap)
+            return got, counts, len(seen)
+
+        event.listen(store._engine, "before_cursor_execute", record)
+        try:
+            got, counts, statements = lease("w1")
+            assert got == [] and counts.waiting == 0 and statements == 1
+            store.add_trials(study.id, [params(0), params(1)])
+            (mine,), counts, statements = lease("w1", cap=1)
+            assert counts.running == 1 and counts.waiting == 1 and statements > 1
+            (again,), _, _ = lease("w1", cap=1)  # held trials come back, under the cap too
+            assert again.id == mine.id
+            got, counts, statements = lease("w2", cap=1)  # one waits, but the cap is reached
+            assert got == [] and (counts.running, counts.waiting) == (1, 1) and statements == 1
+            (theirs,), _, _ = lease("w2", cap=2)
+            assert theirs.id != mine.id
+            store.set_study_state(study.id, StudyState.PAUSED)
+            got, counts, statements = lease("w3")
+            assert got == [] and counts.state == StudyState.PAUSED and statements == 1
+        finally:
+            event.remove(store._engine, "before_cursor_execute", record)
+        with pytest.raises(NotFound):
+            store.lease(999, "w1", 1, 60)
+
     def test_lease_is_idempotent_per_worker(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
         trials = store.add_trials(study.id, [params(i) for i in range(4)])
