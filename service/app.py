@@ -46,6 +46,8 @@ PREFIT_INTERVAL_S = 0.5
 """How often the background thread looks for studies whose model is stale."""
 PROPOSE_INTERVAL_S = 0.25
 """How often the proposer looks for studies with room, when nothing woke it."""
+PROPOSER_THREAD = "cubic-proposer"
+"""The proposer thread's name: a stop waits for its round, not for the retrainer's fit."""
 
 DESCRIPTION = """\
 cubic proposes configurations of a distributed training job, workers run them and report
@@ -229,7 +231,7 @@ def start_background(
     )
     proposer = threading.Thread(
         target=propose_forever,
-        name="cubic-proposer",
+        name=PROPOSER_THREAD,
         daemon=True,
         args=(tuner, stop, PROPOSE_INTERVAL_S, record),
     )
@@ -249,7 +251,7 @@ def join_background(threads: list[threading.Thread], timeout_s: float) -> None:
     proposer up to ``timeout_s``, the retrainer up to :data:`FIT_STOP_S` (it is a daemon
     thread: a fit still running ends with the process)."""
     for thread in threads:
-        thread.join(timeout_s if thread.name == "cubic-proposer" else FIT_STOP_S)
+        thread.join(timeout_s if thread.name == PROPOSER_THREAD else FIT_STOP_S)
 
 
 def log_to_stderr(level: str) -> None:

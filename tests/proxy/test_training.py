@@ -191,7 +191,17 @@ def test_retrainer_takes_at_most_its_share_of_a_core(
     _add(store, sid, 10, 4)
     assert retrainer.due("llm", 40)  # due by count ...
     assert retrainer.maybe_retrain("llm") is None  # ... but 100 fits' time has not passed
-    monkeypatch.setattr(training.time, "monotonic", lambda: t0 + 100 * took + 1.0)
+
+    class Later:
+        """The clock of the training module only, 100 fits' time later."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def monotonic(self) -> float:
+            return t0 + 100 * took + 1.0
+
+    monkeypatch.setattr(training, "time", Later())
     second = retrainer.maybe_retrain("llm")
     assert second is not None and second.version == 2
     for share in (0.0, 1.5):
