@@ -557,6 +557,12 @@ class Store:
         fill the rest: queued configs, the baseline and retries first, then the strategy's
         proposals, each in number order. New trials are leased only while the study is
         running; a paused or stopped study still hands a worker back what it holds.
+
+        The study's row, which every lease and report of the study writes (its counts), is
+        locked only by the transaction's last statement: a conditional update that moves
+        the counts if the study still runs and the cap still holds. Should it not, the
+        lease is made again with the row locked first (rare: the look before the lease
+        found the study running and under its cap).
         """
         if not isinstance(worker_id, str) or not worker_id:
             raise InvalidInput("worker_id must be a non-empty string")
@@ -564,14 +570,46 @@ class Store:
             raise InvalidInput(f"n must be an integer >= 0, got {n!r}")
         now = _check_now(now)
         deadline = now + _lease_delta(lease_seconds)
+        holds = None
         if n > 0:
-            empty = self._nothing_to_lease(study_id, worker_id, max_running)
-            if empty is not None:
-                return [], empty
-        with self._session(write=True) as s:
+            counts, holds = self._look_before_lease(study_id, worker_id)
+            capped = max_running is not None and counts.running >= max_running
+            if not holds and (counts.state != StudyState.RUNNING or not counts.waiting or capped):
+                return [], counts
+        args = (study_id, worker_id, n, deadline, now, max_running)
+        try:
+            with self._session(write=True) as s:
+                rows, counts = self._lease_in(s, *args, holds=holds, lock_first=False)
+        except _Recount:
+            with self._session(write=True) as s:
+                rows, counts = self._lease_in(s, *args, holds=None, lock_first=True)
+        return [_trial(r) for r in rows], counts
+
+    def _lease_in(
+        self,
+        s: Session,
+        study_id: int,
+        worker_id: str,
+        n: int,
+        deadline: datetime,
+        now: datetime,
+        max_running: int | None,
+        *,
+        holds: int | None,
+        lock_first: bool,
+    ) -> tuple[list[TrialRow], StudyCounts]:
+        """:meth:`lease` in the session ``s``. ``holds``: how many trials the worker held
+        when the lease looked (None: not looked). ``lock_first``: lock the study's row before
+        choosing trials, else raise :class:`_Recount` if the counts' update finds the study
+        stopped or at its cap."""
+        if holds is None or lock_first:
             state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
             if state is None:
                 raise NotFound(f"study {study_id} not found")
+        else:
+            state = StudyState.RUNNING  # as the look found it; the counts' update checks
+        own: list[TrialRow] = []
+        if holds is None or holds > 0:
             own = list(
                 s.scalars(
                     select(TrialRow)
@@ -584,64 +622,66 @@ class Store:
                     .with_for_update()
                 )
             )
-            for row in own:
-                row.lease_deadline = deadline
-            fresh: list[TrialRow] = []
-            wanted = n - len(own)
-            if wanted > 0 and state == StudyState.RUNNING:
-                fresh = list(
-                    s.scalars(
-                        select(TrialRow)
-                        .where(
-                            TrialRow.study_id == study_id,
-                            TrialRow.state == TrialState.WAITING.value,
-                        )
-                        # What a user queued, the baseline and retries go before the
-                        # strategy's proposals, which may have been made ahead of them.
-                        .order_by(
-                            case((TrialRow.source == "strategy", 1), else_=0), TrialRow.number
-                        )
-                        .limit(wanted)
-                        .with_for_update(skip_locked=True)
+        for row in own:
+            row.lease_deadline = deadline
+        fresh: list[TrialRow] = []
+        wanted = n - len(own)
+        if wanted > 0 and state == StudyState.RUNNING:
+            fresh = list(
+                s.scalars(
+                    select(TrialRow)
+                    .where(
+                        TrialRow.study_id == study_id,
+                        TrialRow.state == TrialState.WAITING.value,
                     )
+                    # What a user queued, the baseline and retries go before the
+                    # strategy's proposals, which may have been made ahead of them.
+                    .order_by(case((TrialRow.source == "strategy", 1), else_=0), TrialRow.number)
+                    .limit(wanted)
+                    .with_for_update(skip_locked=True)
                 )
-            if fresh and max_running is not None:
-                # The study row's lock makes the cap exact across processes.
-                running = s.scalar(
-                    select(StudyRow.n_running)
-                    .where(StudyRow.id == study_id)
-                    .with_for_update(key_share=True)
-                )
-                fresh = fresh[: max(0, max_running - int(running or 0))]
-            for row in fresh:
-                row.state = TrialState.RUNNING.value
-                row.worker_id = worker_id
-                row.lease_token = uuid.uuid4().hex
-                row.lease_deadline = deadline
-                row.started_at = now
-                _event(
-                    s,
-                    row,
-                    TrialState.WAITING,
-                    TrialState.RUNNING,
-                    now,
-                    worker_id,
-                    {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
-                )
-            s.flush()
-            # Last: the study row stays locked only until the commit.
+            )
+        if fresh and max_running is not None and lock_first:
+            # The study row's lock makes the cap exact across processes.
+            running = s.scalar(
+                select(StudyRow.n_running)
+                .where(StudyRow.id == study_id)
+                .with_for_update(key_share=True)
+            )
+            fresh = fresh[: max(0, max_running - int(running or 0))]
+        for row in fresh:
+            row.state = TrialState.RUNNING.value
+            row.worker_id = worker_id
+            row.lease_token = uuid.uuid4().hex
+            row.lease_deadline = deadline
+            row.started_at = now
+            _event(
+                s,
+                row,
+                TrialState.WAITING,
+                TrialState.RUNNING,
+                now,
+                worker_id,
+                {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
+            )
+        s.flush()
+        if not fresh:
+            return own, _study_counts(s, study_id)
+        # Last: the study row stays locked only until the commit.
+        if lock_first:
             moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
-            return [_trial(r) for r in own + fresh], moved or _study_counts(s, study_id)
+        else:
+            moved = _count_if_room(s, study_id, len(fresh), max_running)
+        if moved is None:
+            raise _Recount
+        return own + fresh, moved
 
-    def _nothing_to_lease(
-        self, study_id: int, worker_id: str, max_running: int | None
-    ) -> StudyCounts | None:
-        """The study's counts if a lease would hand ``worker_id`` nothing (it holds no trial
-        of the study, and none waits, or the study is not running or already runs
-        ``max_running``), read in one statement without a lock or a write; else None.
+    def _look_before_lease(self, study_id: int, worker_id: str) -> tuple[StudyCounts, int]:
+        """The study's counts and how many of its trials ``worker_id`` holds, read in one
+        statement without a lock or a write.
 
-        Most leases of a busy study are of this kind (workers asking again while a round is
-        proposed): they cost one read, not the locking transaction of a lease that hands a
+        Most leases of a busy study hand out nothing (workers asking again while a round is
+        proposed): they cost this read, not the locking transaction of a lease that hands a
         trial out. A trial that comes to wait just after is leased on the worker's next ask.
         """
         own = (
@@ -659,13 +699,7 @@ class Store:
             row = s.execute(query).first()
         if row is None:
             raise NotFound(f"study {study_id} not found")
-        counts = _counts_of(row[:5])
-        if row[5]:
-            return None  # the worker holds trials: the lease hands them back
-        capped = max_running is not None and counts.running >= max_running
-        if counts.state != StudyState.RUNNING or counts.waiting == 0 or capped:
-            return counts
-        return None
+        return _counts_of(row[:5]), int(row[5])
 
     def heartbeat(
         self,
@@ -764,8 +798,9 @@ class Store:
             _event(s, row, TrialState.RUNNING, new, now, row.worker_id, detail)
             s.flush()
             hours = _gpu_hours(metrics_json) if row.source != "imported" else 0.0
-            counts = _count(s, row.study_id, running=-1, gpu_hours=hours)  # last: lease_trials
-            return _trial(row), None if retry_row is None else _trial(retry_row), counts
+            # Last: the study's row stays locked only until the commit.
+            counts = _count(s, row.study_id, running=-1, gpu_hours=hours)
+        return _trial(row), None if retry_row is None else _trial(retry_row), counts
 
     def release_trial(self, trial_id: int, lease_token: str) -> Trial:
         """Give a leased trial back (running -> waiting), e.g. when a worker shuts down."""
@@ -1382,6 +1417,32 @@ def _count(
         return None
     row = s.execute(
         update(c).where(c.id == study_id).values(**values).returning(*_COUNTS, c.gpu_hours),
+        execution_options={"synchronize_session": False},
+    ).first()
+    return None if row is None else _counts_of(row)
+
+
+class _Recount(Exception):
+    """A lease's conditional update of the study's counts found it stopped or at its cap."""
+
+
+def _count_if_room(
+    s: Session, study_id: int, k: int, max_running: int | None
+) -> StudyCounts | None:
+    """Move ``k`` trials of a running study from waiting to running if no more than
+    ``max_running`` then run; the counts as they now are, or None (nothing moved).
+
+    One statement, so the study's row is locked from it to the commit only. PostgreSQL
+    re-checks the condition on the row's newest version once another writer lets go of it,
+    so the cap is exact across processes."""
+    c = StudyRow
+    query = update(c).where(c.id == study_id, c.state == StudyState.RUNNING.value)
+    if max_running is not None:
+        query = query.where(c.n_running + k <= max_running)
+    row = s.execute(
+        query.values(n_waiting=c.n_waiting - k, n_running=c.n_running + k).returning(
+            *_COUNTS, c.gpu_hours
+        ),
         execution_options={"synchronize_session": False},
     ).first()
     return None if row is None else _counts_of(row)

@@ -325,6 +325,58 @@ class TestLeases:
         with pytest.raises(NotFound):
             store.lease(999, "w1", 1, 60)
 
+    def test_a_lease_that_looked_before_a_change_still_keeps_the_cap_and_the_state(
+        self, store: Store, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The look before a lease reads without a lock; what changes between it and the
+        lease (another lease reaching the cap, a pause) is caught by the counts' update,
+        and the lease is made again on the locked row: no cap broken, no trial of a paused
+        study handed out, every count still right."""
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(i) for i in range(3)])
+        look = store._look_before_lease
+        stale = look(study.id, "w2")  # running, nothing running, three waiting
+        monkeypatch.setattr(store, "_look_before_lease", lambda sid, worker: stale)
+        (first,), _ = store.lease(study.id, "w1", 1, 60, max_running=1)
+        got, counts = store.lease(study.id, "w2", 2, 60, max_running=1)
+        assert got == [] and (counts.running, counts.waiting) == (1, 2)
+        got, counts = store.lease(study.id, "w2", 2, 60, max_running=2)  # room for one
+        assert len(got) == 1 and (counts.running, counts.waiting) == (2, 1)
+        store.set_study_state(study.id, StudyState.PAUSED)
+        got, counts = store.lease(study.id, "w3", 1, 60)
+        assert got == [] and counts.state == StudyState.PAUSED
+        (again,), _ = store.lease(study.id, "w1", 1, 60)  # a paused study hands back
+        assert again.id == first.id
+        monkeypatch.setattr(store, "_look_before_lease", look)
+        assert store.study_counts(study.id).running == 2
+        assert {t.state for t in store.list_trials(study.id)} == {
+            TrialState.RUNNING,
+            TrialState.WAITING,
+        }
+
+    def test_a_lease_locks_the_study_row_only_in_its_last_statement(self, store: Store) -> None:
+        """Every lease and report of a study writes its row (the counts): a lease that
+        locked it first would hold it across every other statement of its transaction, and
+        the study's other workers would queue behind it."""
+        from sqlalchemy import event
+
+        study = store.create_study("a", {}, "llm")
+        store.add_trials(study.id, [params(0)])
+        seen: list[str] = []
+
+        def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            seen.append(" ".join(statement.split()).upper())
+
+        event.listen(store._engine, "before_cursor_execute", record)
+        try:
+            (trial,), _ = store.lease(study.id, "w1", 1, 60, max_running=4)
+        finally:
+            event.remove(store._engine, "before_cursor_execute", record)
+        touching = [i for i, q in enumerate(seen) if "CUBIC_STUDY" in q.split(" WHERE")[0]]
+        writes = [i for i in touching if _locks_or_writes(seen[i])]
+        assert writes and writes == [len(seen) - 1], seen
+        assert trial.state == TrialState.RUNNING
+
     def test_lease_is_idempotent_per_worker(self, store: Store) -> None:
         study = store.create_study("a", {}, "llm")
         trials = store.add_trials(study.id, [params(i) for i in range(4)])
@@ -967,3 +1019,10 @@ def test_a_token_is_read_again_only_after_a_while(
         monkeypatch.setattr(repository, "TOKEN_CACHE_S", 0.0)
         later = other.token_for(secret)
         assert later is not None and later.revoked_at is not None
+
+
+def _locks_or_writes(statement: str) -> bool:
+    """Whether a statement (upper-cased) locks or writes the rows it reads."""
+    return (
+        statement.startswith("UPDATE") or " FOR UPDATE" in statement or " FOR NO KEY" in statement
+    )
