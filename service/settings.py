@@ -44,7 +44,7 @@ class ServiceSettings(Settings):
     reap_interval_s: float = Field(5.0, gt=0, le=3600)
     retrain_every: int = Field(8, ge=1, le=100_000)
     retrain_interval_s: float = Field(5.0, gt=0, le=3600)
-    retrain_max_share: float = Field(0.1, gt=0, le=1)
+    retrain_max_share: float = Field(0.01, gt=0, le=1)
     default_lease_s: float = Field(300.0, ge=1, le=86400)
     max_page_size: int = Field(500, ge=1, le=100_000)
     spaces_dir: Path = Path("search_spaces")
