@@ -43,7 +43,7 @@ from cubic.errors import (
     TrialFinished,
 )
 from cubic.objectives import number
-from cubic.store import schema
+from cubic.store import one_statement, schema
 from cubic.store.engine import WRITE_OPTION, is_postgresql, make_engine
 from cubic.store.models import (
     ApiTokenRow,
@@ -123,7 +123,12 @@ class Store:
         # every process may keep what it has read (bounded: cleared when full).
         self._bound: dict[str, int] = {}
         self._tokens: dict[str, tuple[float, ApiToken]] = {}  # digest -> (read at, token)
-        self._read = sessionmaker(self._engine, expire_on_commit=False)
+        # A read on PostgreSQL runs without BEGIN and COMMIT (two round trips fewer): each
+        # statement has a snapshot of its own under READ COMMITTED in a transaction too.
+        self._autocommit = self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._read = sessionmaker(
+            self._autocommit if self._pg else self._engine, expire_on_commit=False
+        )
         self._write = sessionmaker(
             self._engine, expire_on_commit=False, execution_options={WRITE_OPTION: True}
         )
@@ -165,6 +170,14 @@ class Store:
                 yield session
         except CubicError:
             raise
+        except SQLAlchemyError as exc:
+            raise StorageError(_describe(exc)) from exc
+
+    def _one_statement(self, statement: Any) -> list[Any]:
+        """Run one statement that commits on its own (PostgreSQL); its rows."""
+        try:
+            with self._autocommit.connect() as conn:
+                return list(conn.execute(statement).all())
         except SQLAlchemyError as exc:
             raise StorageError(_describe(exc)) from exc
 
@@ -576,6 +589,13 @@ class Store:
             capped = max_running is not None and counts.running >= max_running
             if not holds and (counts.state != StudyState.RUNNING or not counts.waiting or capped):
                 return [], counts
+        if self._pg and holds == 0:
+            rows = self._one_statement(
+                one_statement.lease(study_id, worker_id, n, deadline, now, max_running)
+            )
+            if not rows:  # taken by others since the look, or the study stopped or is full
+                return [], self.study_counts(study_id)
+            return [_trial(r, fresh=True) for r in rows], _counts_of(_study_part(rows[-1]))
         args = (study_id, worker_id, n, deadline, now, max_running)
         try:
             with self._session(write=True) as s:
@@ -766,6 +786,11 @@ class Store:
                 raise InvalidInput("log_tail must be a string")
             log_tail = log_tail[-MAX_LOG_TAIL:]
         now = _check_now(now)
+        if self._pg and new != TrialState.FAILED:  # a failed trial's retry: the ORM path
+            values = {"metrics": metrics_json, "error": error, "log_tail": log_tail}
+            done = self._report_in_one(trial_id, lease_token, new, values, now, check)
+            if done is not None:
+                return done
         with self._session(write=True) as s:
             row = _get_trial(s, trial_id, lock=True)
             current = TrialState(row.state)
@@ -801,6 +826,39 @@ class Store:
             # Last: the study's row stays locked only until the commit.
             counts = _count(s, row.study_id, running=-1, gpu_hours=hours)
         return _trial(row), None if retry_row is None else _trial(retry_row), counts
+
+    def _report_in_one(
+        self,
+        trial_id: int,
+        lease_token: str,
+        new: TrialState,
+        values: dict[str, Any],
+        now: datetime,
+        check: Callable[[Trial], str | None] | None,
+    ) -> tuple[Trial, None, StudyCounts] | None:
+        """:meth:`finish_trial_counted` of a trial still running under ``lease_token`` as
+        one read and one statement that commits (PostgreSQL: see
+        :mod:`cubic.store.one_statement`); None if the trial is not (or no longer) so held,
+        for the ORM path to say why (a repeated report, a lost lease)."""
+        with self._session(write=False) as s:
+            row = s.scalar(select(TrialRow).where(TrialRow.id == trial_id))
+        if row is None or row.state != TrialState.RUNNING.value:
+            return None
+        if not _same_token(row.lease_token, lease_token):
+            return None
+        if check is not None:
+            # The params and the study of a leased trial never change: the check holds for
+            # the statement below, which writes only while the same lease holds it.
+            values["error"] = check(_trial(row, fresh=True))
+        detail = {} if values["error"] is None else {"error": values["error"][:1000]}
+        hours = _gpu_hours(values["metrics"]) if row.source != "imported" else 0.0
+        statement = one_statement.report(
+            trial_id, lease_token, new, {**values, "finished_at": now}, detail, hours
+        )
+        rows = self._one_statement(statement)
+        if not rows:
+            return None
+        return _trial(rows[0], fresh=True), None, _counts_of(_study_part(rows[0]))
 
     def release_trial(self, trial_id: int, lease_token: str) -> Trial:
         """Give a leased trial back (running -> waiting), e.g. when a worker shuts down."""
@@ -1378,6 +1436,11 @@ _COUNTS = (StudyRow.state, StudyRow.n_proposed, StudyRow.n_waiting, StudyRow.n_r
 
 def _counts_of(row: Any) -> StudyCounts:
     return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+
+def _study_part(row: Any) -> tuple[Any, ...]:
+    """The study's counts in a row of :mod:`cubic.store.one_statement`."""
+    return tuple(getattr(row, name) for name in one_statement.STUDY_COUNTS)
 
 
 def _study_counts(s: Session, study_id: int) -> StudyCounts:
