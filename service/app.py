@@ -288,7 +288,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from service.background import BackgroundProcess
 
             background = app.state.background = BackgroundProcess(config)
-            tuner.wake = background.wake  # a lease that came back short wakes it
+            tuner.wake = background.nudge  # a short lease or a report wakes it
             await anyio.to_thread.run_sync(background.start)
             watcher = asyncio.create_task(
                 background.watch(observer(tuner)), name="cubic-background"

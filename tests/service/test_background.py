@@ -132,3 +132,24 @@ def test_a_stop_does_not_wait_out_a_model_fit(
         assert not stopper.is_alive(), "the shutdown waited for the fit"
     finally:
         release.set()
+
+
+def test_a_nudge_on_the_request_path_reaches_the_background_process(tmp_path: Path) -> None:
+    """A report or a short lease sets a flag of the API process (no lock shared with the
+    child); a thread passes it on to the child's event, and ends when the child stops."""
+    import threading
+
+    from service.background import BackgroundProcess
+
+    bp = BackgroundProcess(service_settings(f"sqlite:///{tmp_path / 'c.db'}"))
+    forwarder = threading.Thread(target=bp.forward_nudges, daemon=True)
+    forwarder.start()
+    for _ in range(3):
+        assert not bp.wake.is_set()
+        bp.nudge.set()
+        assert bp.wake.wait(30)
+        bp.wake.clear()  # as the child does when it wakes
+    bp.stopping.set()
+    bp.nudge.set()
+    forwarder.join(30)
+    assert not forwarder.is_alive()
