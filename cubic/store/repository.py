@@ -887,6 +887,10 @@ class Store:
         once: each expired trial is reaped by exactly one of them.
         """
         now = _check_now(now)
+        expired = (TrialRow.state == TrialState.RUNNING.value, TrialRow.lease_deadline < now)
+        with self._session(write=False) as s:  # mostly none: a read, not a write transaction
+            if s.scalar(select(TrialRow.id).where(*expired).limit(1)) is None:
+                return []
         with self._session(write=True) as s:
             rows = list(
                 s.scalars(
@@ -1261,8 +1265,8 @@ class StudyClaims:
 
     def _run(self, sql: str, key: int) -> Any:
         try:
-            if self._conn is None:
-                self._conn = self._store._engine.connect()
+            if self._conn is None:  # each statement commits on its own: no idle transaction
+                self._conn = self._store._autocommit.connect()
                 self._ns = self._store._pg_lock_ns(self._conn, _PG_PROPOSER_NS)
             out = self._conn.execute(text(sql), {"ns": self._ns, "key": key}).scalar()
             self._conn.commit()
