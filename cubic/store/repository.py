@@ -572,10 +572,13 @@ class Store:
         running; a paused or stopped study still hands a worker back what it holds.
 
         The study's row, which every lease and report of the study writes (its counts), is
-        locked only by the transaction's last statement: a conditional update that moves
-        the counts if the study still runs and the cap still holds. Should it not, the
-        lease is made again with the row locked first (rare: the look before the lease
-        found the study running and under its cap).
+        held as briefly as can be: on PostgreSQL, a lease to a worker that holds none of
+        the study's trials is one statement that commits on the server
+        (:mod:`cubic.store.one_statement`); otherwise the row is locked only by the
+        transaction's last statement, a conditional update that moves the counts if the
+        study still runs and the cap still holds. Should it not, the lease is made again
+        with the row locked first (rare: the look before the lease found the study running
+        and under its cap).
         """
         if not isinstance(worker_id, str) or not worker_id:
             raise InvalidInput("worker_id must be a non-empty string")
