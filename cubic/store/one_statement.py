@@ -16,7 +16,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, String, Update, case, cast, exists, func, insert, literal, select
+from sqlalchemy import (
+    JSON,
+    String,
+    Update,
+    case,
+    cast,
+    exists,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+)
 from sqlalchemy.sql import Select
 
 from cubic.store.models import StudyRow, TrialEventRow, TrialRow, UTCDateTime
@@ -130,7 +142,8 @@ def report(
             _T.c.state == TrialState.RUNNING.value,
             _T.c.lease_token == lease_token,
         )
-        .values(state=state.value, lease_deadline=None, **values)
+        # None is SQL NULL, as the ORM writes it (a JSON column would take it as JSON null).
+        .values(state=state.value, lease_deadline=null(), **_nulls(values))
         .returning(*_T.c)
         .cte("done")
     )
@@ -162,3 +175,7 @@ def _returning_counts(update: Update) -> Update:
     return update.returning(
         _S.c.state, _S.c.n_proposed, _S.c.n_waiting, _S.c.n_running, _S.c.gpu_hours
     )
+
+
+def _nulls(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: null() if value is None else value for name, value in values.items()}

@@ -555,6 +555,17 @@ class TestFinishing:
         assert (after.running, after.waiting) == (counts.running - 1, counts.waiting + 1)
         assert after.gpu_hours == counts.gpu_hours
 
+    def test_a_report_without_metrics_stores_sql_null(self, store: Store) -> None:
+        """Not JSON ``null``: a query for trials without metrics finds it on every path."""
+        trial = self._leased(store)
+        store.finish_trial(trial.id, trial.lease_token or "", "infeasible", error="oom")
+        with store.engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT metrics IS NULL, log_tail IS NULL FROM cubic_trial WHERE id = :i"),
+                {"i": trial.id},
+            ).one()
+        assert tuple(found) == (True, True)
+
     def test_finished_trial_cannot_change(self, store: Store) -> None:
         trial = self._leased(store)
         token = trial.lease_token or ""
