@@ -103,18 +103,7 @@ def lease(
     detail = func.json_build_object(
         "attempt", leased.c.attempt, "lease_deadline", deadline.isoformat()
     )
-    logged = insert(_E).from_select(
-        _EVENT_COLUMNS,
-        select(
-            leased.c.id,
-            leased.c.study_id,
-            literal(TrialState.WAITING.value, String),
-            literal(TrialState.RUNNING.value, String),
-            literal(now, UTCDateTime),
-            leased.c.worker_id,
-            detail,
-        ),
-    )
+    logged = _logged(leased, TrialState.WAITING, TrialState.RUNNING, now, detail)
     return (
         select(*leased.c, *_counts(moved))
         .join_from(leased, moved, literal(True))
@@ -147,18 +136,8 @@ def report(
         .returning(*_T.c)
         .cte("done")
     )
-    logged = insert(_E).from_select(
-        _EVENT_COLUMNS,
-        select(
-            done.c.id,
-            done.c.study_id,
-            literal(TrialState.RUNNING.value, String),
-            literal(state.value, String),
-            literal(values["finished_at"], UTCDateTime),
-            done.c.worker_id,
-            literal(detail, JSON),
-        ),
-    )
+    at = values["finished_at"]
+    logged = _logged(done, TrialState.RUNNING, state, at, literal(detail, JSON))
     moved = _returning_counts(
         _S.update()
         .where(_S.c.id == select(done.c.study_id).scalar_subquery())
@@ -168,6 +147,24 @@ def report(
         select(*done.c, *_counts(moved))
         .join_from(done, moved, literal(True))
         .add_cte(logged.cte("logged"))
+    )
+
+
+def _logged(
+    changed: Any, from_state: TrialState, to_state: TrialState, at: datetime, detail: Any
+) -> Any:
+    """The insert of an event for each trial row of the CTE ``changed``."""
+    return insert(_E).from_select(
+        _EVENT_COLUMNS,
+        select(
+            changed.c.id,
+            changed.c.study_id,
+            literal(from_state.value, String),
+            literal(to_state.value, String),
+            literal(at, UTCDateTime),
+            changed.c.worker_id,
+            detail,
+        ),
     )
 
 
