@@ -101,6 +101,7 @@ class OptunaStrategy(Strategy):
     def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
         self._pool: tuple[list[dict[str, Any]], list[str], np.ndarray] | None = None
+        self._pool_index: dict[str, int] | None = None  # pool key -> position
         # A finished trial's FrozenTrial, by (study, id), with what it was made from (its
         # values, or the penalty it stood in with): made once, not once per round.
         self._made: dict[tuple[int, int], tuple[tuple[Any, ...], FrozenTrial]] = {}
@@ -271,6 +272,8 @@ class OptunaStrategy(Strategy):
         configs, keys, pos = self._valid_pool()
         if not configs:
             return None
+        if self._pool_index is None or len(self._pool_index) != len(keys):
+            self._pool_index = {k: i for i, k in enumerate(keys)}
         space = self.study.space
         point = {}
         for p in space.parameters:
@@ -279,7 +282,8 @@ class OptunaStrategy(Strategy):
                 v = p.to_python(p.grid())[0] if p.is_finite else p.low
             point[p.name] = p.array([v])
         dist = np.abs(pos - self.positions(point)).sum(axis=1)
-        dist[[i for i, k in enumerate(keys) if k in seen]] = np.inf
+        # The tried configs among the pool: a look-up per tried config, not per pool entry.
+        dist[[i for k in seen if (i := self._pool_index.get(k)) is not None]] = np.inf
         j = int(np.argmin(dist))
         return None if not np.isfinite(dist[j]) else configs[j]
 
