@@ -8,19 +8,40 @@ the 22 operations gets ``EXAMPLES`` generated requests: over 2,000 per backend.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import pkgutil
 from typing import Any
 
 import schemathesis
-
-# Imported here, at the top level: imported lazily deep in a test's stack, its module's
-# compilation can fail with CPython's "AST constructor recursion depth mismatch".
-import schemathesis.specs.openapi.schemas
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
 from service.app import create_app
 from tests.service.conftest import create, service_settings
+
+
+def _import_eagerly(*packages: str) -> None:
+    """Import every module of these packages now, at a shallow stack.
+
+    schemathesis imports many of its modules inside functions; one first imported deep in
+    a Hypothesis draw is compiled there (pytest rewrites a plugin's modules), and CPython
+    3.11's compiler can then fail with "AST constructor recursion depth mismatch".
+    """
+    for name in packages:
+        package = importlib.import_module(name)
+        for info in pkgutil.walk_packages(package.__path__, f"{name}."):
+            with contextlib.suppress(Exception):  # an optional part this install lacks
+                importlib.import_module(info.name)
+
+
+_import_eagerly(
+    "schemathesis.core",
+    "schemathesis.generation",
+    "schemathesis.specs.openapi",
+    "schemathesis.python",
+)
 
 EXAMPLES = 130
 CHECKS = [
