@@ -165,21 +165,13 @@ class Store:
     @contextmanager
     def _session(self, *, write: bool) -> Iterator[Session]:
         maker = self._write if write else self._read
-        try:
-            with maker() as session, session.begin():
-                yield session
-        except CubicError:
-            raise
-        except SQLAlchemyError as exc:
-            raise StorageError(_describe(exc)) from exc
+        with _storage_errors(), maker() as session, session.begin():
+            yield session
 
     def _one_statement(self, statement: Any) -> list[Any]:
         """Run one statement that commits on its own (PostgreSQL); its rows."""
-        try:
-            with self._autocommit.connect() as conn:
-                return list(conn.execute(statement).all())
-        except SQLAlchemyError as exc:
-            raise StorageError(_describe(exc)) from exc
+        with _storage_errors(), self._autocommit.connect() as conn:
+            return list(conn.execute(statement).all())
 
     # -- studies ----------------------------------------------------------------------------
 
@@ -572,13 +564,10 @@ class Store:
         running; a paused or stopped study still hands a worker back what it holds.
 
         The study's row, which every lease and report of the study writes (its counts), is
-        held as briefly as can be: on PostgreSQL, a lease to a worker that holds none of
-        the study's trials is one statement that commits on the server
-        (:mod:`cubic.store.one_statement`); otherwise the row is locked only by the
-        transaction's last statement, a conditional update that moves the counts if the
-        study still runs and the cap still holds. Should it not, the lease is made again
-        with the row locked first (rare: the look before the lease found the study running
-        and under its cap).
+        held as briefly as can be: on PostgreSQL a lease to a worker that holds none of the
+        study's trials is one statement that commits on the server
+        (:mod:`cubic.store.one_statement`), not a transaction that keeps the row locked
+        across its round trips.
         """
         if not isinstance(worker_id, str) or not worker_id:
             raise InvalidInput("worker_id must be a non-empty string")
@@ -586,7 +575,7 @@ class Store:
             raise InvalidInput(f"n must be an integer >= 0, got {n!r}")
         now = _check_now(now)
         deadline = now + _lease_delta(lease_seconds)
-        holds = None
+        holds = None  # not looked: a lease of nothing new hands back what the worker holds
         if n > 0:
             counts, holds = self._look_before_lease(study_id, worker_id)
             capped = max_running is not None and counts.running >= max_running
@@ -599,13 +588,8 @@ class Store:
             if not rows:  # taken by others since the look, or the study stopped or is full
                 return [], self.study_counts(study_id)
             return [_trial(r, fresh=True) for r in rows], _counts_of(_study_part(rows[-1]))
-        args = (study_id, worker_id, n, deadline, now, max_running)
-        try:
-            with self._session(write=True) as s:
-                rows, counts = self._lease_in(s, *args, holds=holds, lock_first=False)
-        except _Recount:
-            with self._session(write=True) as s:
-                rows, counts = self._lease_in(s, *args, holds=None, lock_first=True)
+        with self._session(write=True) as s:
+            rows, counts = self._lease_in(s, study_id, worker_id, n, deadline, now, max_running)
         return [_trial(r) for r in rows], counts
 
     def _lease_in(
@@ -617,34 +601,25 @@ class Store:
         deadline: datetime,
         now: datetime,
         max_running: int | None,
-        *,
-        holds: int | None,
-        lock_first: bool,
     ) -> tuple[list[TrialRow], StudyCounts]:
-        """:meth:`lease` in the session ``s``. ``holds``: how many trials the worker held
-        when the lease looked (None: not looked). ``lock_first``: lock the study's row before
-        choosing trials, else raise :class:`_Recount` if the counts' update finds the study
-        stopped or at its cap."""
-        if holds is None or lock_first:
-            state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
-            if state is None:
-                raise NotFound(f"study {study_id} not found")
-        else:
-            state = StudyState.RUNNING  # as the look found it; the counts' update checks
-        own: list[TrialRow] = []
-        if holds is None or holds > 0:
-            own = list(
-                s.scalars(
-                    select(TrialRow)
-                    .where(
-                        TrialRow.study_id == study_id,
-                        TrialRow.state == TrialState.RUNNING.value,
-                        TrialRow.worker_id == worker_id,
-                    )
-                    .order_by(TrialRow.number)
-                    .with_for_update()
+        """:meth:`lease` as a transaction in the session ``s`` (SQLite, whose writer lock
+        covers the whole database from the transaction's start; or a worker that holds
+        trials of the study)."""
+        state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
+        if state is None:
+            raise NotFound(f"study {study_id} not found")
+        own = list(
+            s.scalars(
+                select(TrialRow)
+                .where(
+                    TrialRow.study_id == study_id,
+                    TrialRow.state == TrialState.RUNNING.value,
+                    TrialRow.worker_id == worker_id,
                 )
+                .order_by(TrialRow.number)
+                .with_for_update()
             )
+        )
         for row in own:
             row.lease_deadline = deadline
         fresh: list[TrialRow] = []
@@ -664,7 +639,7 @@ class Store:
                     .with_for_update(skip_locked=True)
                 )
             )
-        if fresh and max_running is not None and lock_first:
+        if fresh and max_running is not None:
             # The study row's lock makes the cap exact across processes.
             running = s.scalar(
                 select(StudyRow.n_running)
@@ -688,16 +663,8 @@ class Store:
                 {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
             )
         s.flush()
-        if not fresh:
-            return own, _study_counts(s, study_id)
-        # Last: the study row stays locked only until the commit.
-        if lock_first:
-            moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
-        else:
-            moved = _count_if_room(s, study_id, len(fresh), max_running)
-        if moved is None:
-            raise _Recount
-        return own + fresh, moved
+        moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
+        return own + fresh, moved or _study_counts(s, study_id)
 
     def _look_before_lease(self, study_id: int, worker_id: str) -> tuple[StudyCounts, int]:
         """The study's counts and how many of its trials ``worker_id`` holds, read in one
@@ -1445,6 +1412,17 @@ def _counts_of(row: Any) -> StudyCounts:
     return StudyCounts(StudyState(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
 
 
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """A database error as :class:`StorageError` (the service's 503); cubic's own pass."""
+    try:
+        yield
+    except CubicError:
+        raise
+    except SQLAlchemyError as exc:
+        raise StorageError(_describe(exc)) from exc
+
+
 def _study_part(row: Any) -> tuple[Any, ...]:
     """The study's counts in a row of :mod:`cubic.store.one_statement`."""
     return tuple(getattr(row, name) for name in one_statement.STUDY_COUNTS)
@@ -1487,32 +1465,6 @@ def _count(
         return None
     row = s.execute(
         update(c).where(c.id == study_id).values(**values).returning(*_COUNTS, c.gpu_hours),
-        execution_options={"synchronize_session": False},
-    ).first()
-    return None if row is None else _counts_of(row)
-
-
-class _Recount(Exception):
-    """A lease's conditional update of the study's counts found it stopped or at its cap."""
-
-
-def _count_if_room(
-    s: Session, study_id: int, k: int, max_running: int | None
-) -> StudyCounts | None:
-    """Move ``k`` trials of a running study from waiting to running if no more than
-    ``max_running`` then run; the counts as they now are, or None (nothing moved).
-
-    One statement, so the study's row is locked from it to the commit only. PostgreSQL
-    re-checks the condition on the row's newest version once another writer lets go of it,
-    so the cap is exact across processes."""
-    c = StudyRow
-    query = update(c).where(c.id == study_id, c.state == StudyState.RUNNING.value)
-    if max_running is not None:
-        query = query.where(c.n_running + k <= max_running)
-    row = s.execute(
-        query.values(n_waiting=c.n_waiting - k, n_running=c.n_running + k).returning(
-            *_COUNTS, c.gpu_hours
-        ),
         execution_options={"synchronize_session": False},
     ).first()
     return None if row is None else _counts_of(row)

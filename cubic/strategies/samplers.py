@@ -100,8 +100,7 @@ class OptunaStrategy(Strategy):
 
     def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
-        self._pool: tuple[list[dict[str, Any]], list[str], np.ndarray] | None = None
-        self._pool_index: dict[str, int] | None = None  # pool key -> position
+        self._pool: tuple[list[dict[str, Any]], dict[str, int], np.ndarray] | None = None
         # A finished trial's FrozenTrial, by (study, id), with what it was made from (its
         # values, or the penalty it stood in with): made once, not once per round.
         self._made: dict[tuple[int, int], tuple[tuple[Any, ...], FrozenTrial]] = {}
@@ -251,8 +250,9 @@ class OptunaStrategy(Strategy):
         proposals = self.fill_neighbours(history, proposals, n, seen)
         return self.fill_random(history, proposals, n, seen)
 
-    def _valid_pool(self) -> tuple[list[dict[str, Any]], list[str], np.ndarray]:
-        """Valid configs to repair proposals with (sampled once), their keys and positions."""
+    def _valid_pool(self) -> tuple[list[dict[str, Any]], dict[str, int], np.ndarray]:
+        """Valid configs to repair proposals with (sampled once), the index of each one's
+        key, and their positions."""
         if self._pool is None:
             rng = np.random.default_rng(self.seed or 0)
             arrays = self.study.space.sample_arrays(rng, self.repair_pool, self.context)
@@ -262,18 +262,16 @@ class OptunaStrategy(Strategy):
             arrays = {k: v[first] for k, v in arrays.items()}
             self._pool = (
                 [configs[i] for i in first],
-                [keys[i] for i in first],
+                {keys[i]: j for j, i in enumerate(first)},
                 self.positions(arrays),
             )
         return self._pool
 
     def _nearest_valid(self, params: dict[str, Any], seen: set[str]) -> dict[str, Any] | None:
         """The valid config never tried that is nearest (L1 in knob ranks) to a draw."""
-        configs, keys, pos = self._valid_pool()
+        configs, index, pos = self._valid_pool()
         if not configs:
             return None
-        if self._pool_index is None or len(self._pool_index) != len(keys):
-            self._pool_index = {k: i for i, k in enumerate(keys)}
         space = self.study.space
         point = {}
         for p in space.parameters:
@@ -283,7 +281,7 @@ class OptunaStrategy(Strategy):
             point[p.name] = p.array([v])
         dist = np.abs(pos - self.positions(point)).sum(axis=1)
         # The tried configs among the pool: a look-up per tried config, not per pool entry.
-        dist[[i for k in seen if (i := self._pool_index.get(k)) is not None]] = np.inf
+        dist[[i for k in seen if (i := index.get(k)) is not None]] = np.inf
         j = int(np.argmin(dist))
         return None if not np.isfinite(dist[j]) else configs[j]
 
