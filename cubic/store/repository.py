@@ -588,83 +588,72 @@ class Store:
             if not rows:  # taken by others since the look, or the study stopped or is full
                 return [], self.study_counts(study_id)
             return [_trial(r, fresh=True) for r in rows], _counts_of(_study_part(rows[-1]))
+        # A transaction (SQLite, whose writer lock covers the whole database from its start;
+        # or a worker that holds trials of the study).
         with self._session(write=True) as s:
-            rows, counts = self._lease_in(s, study_id, worker_id, n, deadline, now, max_running)
-        return [_trial(r) for r in rows], counts
-
-    def _lease_in(
-        self,
-        s: Session,
-        study_id: int,
-        worker_id: str,
-        n: int,
-        deadline: datetime,
-        now: datetime,
-        max_running: int | None,
-    ) -> tuple[list[TrialRow], StudyCounts]:
-        """:meth:`lease` as a transaction in the session ``s`` (SQLite, whose writer lock
-        covers the whole database from the transaction's start; or a worker that holds
-        trials of the study)."""
-        state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
-        if state is None:
-            raise NotFound(f"study {study_id} not found")
-        own = list(
-            s.scalars(
-                select(TrialRow)
-                .where(
-                    TrialRow.study_id == study_id,
-                    TrialRow.state == TrialState.RUNNING.value,
-                    TrialRow.worker_id == worker_id,
-                )
-                .order_by(TrialRow.number)
-                .with_for_update()
-            )
-        )
-        for row in own:
-            row.lease_deadline = deadline
-        fresh: list[TrialRow] = []
-        wanted = n - len(own)
-        if wanted > 0 and state == StudyState.RUNNING:
-            fresh = list(
+            state = s.scalar(select(StudyRow.state).where(StudyRow.id == study_id))
+            if state is None:
+                raise NotFound(f"study {study_id} not found")
+            own = list(
                 s.scalars(
                     select(TrialRow)
                     .where(
                         TrialRow.study_id == study_id,
-                        TrialRow.state == TrialState.WAITING.value,
+                        TrialRow.state == TrialState.RUNNING.value,
+                        TrialRow.worker_id == worker_id,
                     )
-                    # What a user queued, the baseline and retries go before the
-                    # strategy's proposals, which may have been made ahead of them.
-                    .order_by(case((TrialRow.source == "strategy", 1), else_=0), TrialRow.number)
-                    .limit(wanted)
-                    .with_for_update(skip_locked=True)
+                    .order_by(TrialRow.number)
+                    .with_for_update()
                 )
             )
-        if fresh and max_running is not None:
-            # The study row's lock makes the cap exact across processes.
-            running = s.scalar(
-                select(StudyRow.n_running)
-                .where(StudyRow.id == study_id)
-                .with_for_update(key_share=True)
-            )
-            fresh = fresh[: max(0, max_running - int(running or 0))]
-        for row in fresh:
-            row.state = TrialState.RUNNING.value
-            row.worker_id = worker_id
-            row.lease_token = uuid.uuid4().hex
-            row.lease_deadline = deadline
-            row.started_at = now
-            _event(
-                s,
-                row,
-                TrialState.WAITING,
-                TrialState.RUNNING,
-                now,
-                worker_id,
-                {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
-            )
-        s.flush()
-        moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
-        return own + fresh, moved or _study_counts(s, study_id)
+            for row in own:
+                row.lease_deadline = deadline
+            fresh: list[TrialRow] = []
+            wanted = n - len(own)
+            if wanted > 0 and state == StudyState.RUNNING:
+                fresh = list(
+                    s.scalars(
+                        select(TrialRow)
+                        .where(
+                            TrialRow.study_id == study_id,
+                            TrialRow.state == TrialState.WAITING.value,
+                        )
+                        # What a user queued, the baseline and retries go before the
+                        # strategy's proposals, which may have been made ahead of them.
+                        .order_by(
+                            case((TrialRow.source == "strategy", 1), else_=0), TrialRow.number
+                        )
+                        .limit(wanted)
+                        .with_for_update(skip_locked=True)
+                    )
+                )
+            if fresh and max_running is not None:
+                # The study row's lock makes the cap exact across processes.
+                running = s.scalar(
+                    select(StudyRow.n_running)
+                    .where(StudyRow.id == study_id)
+                    .with_for_update(key_share=True)
+                )
+                fresh = fresh[: max(0, max_running - int(running or 0))]
+            for row in fresh:
+                row.state = TrialState.RUNNING.value
+                row.worker_id = worker_id
+                row.lease_token = uuid.uuid4().hex
+                row.lease_deadline = deadline
+                row.started_at = now
+                _event(
+                    s,
+                    row,
+                    TrialState.WAITING,
+                    TrialState.RUNNING,
+                    now,
+                    worker_id,
+                    {"attempt": row.attempt, "lease_deadline": deadline.isoformat()},
+                )
+            s.flush()
+            moved = _count(s, study_id, waiting=-len(fresh), running=len(fresh))
+            counts = moved or _study_counts(s, study_id)
+        return [_trial(r) for r in own + fresh], counts
 
     def _look_before_lease(self, study_id: int, worker_id: str) -> tuple[StudyCounts, int]:
         """The study's counts and how many of its trials ``worker_id`` holds, read in one
