@@ -14,6 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -185,6 +186,10 @@ def fit_and_store(
     return version
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 def fitted_history(version: ProxyModelVersion) -> int:
     """How many finished trials of its kind the store held when ``version`` was fitted
     (versions stored before that was recorded: the trials it was fitted on)."""
@@ -223,7 +228,9 @@ class Retrainer:
 
     ``max_share`` bounds the share of a core the fits take when trials finish faster than a
     fit runs (a quick study on a service): after a fit of ``d`` seconds the next of that kind
-    waits until ``d / max_share`` seconds after the first began. The shared model is a
+    waits until ``d / max_share`` seconds after the first began, in every process on the
+    store (the stored version says when it was fitted and how long that took), so that a
+    service's processes do not each spend the share in turn. The shared model is a
     cross-study summary (the dashboard's knob importance, its quality figures), not what a
     study proposes with, so a few minutes' staleness costs nothing a request needs.
     """
@@ -278,12 +285,22 @@ class Retrainer:
         return self._workloads[study_id]
 
     def due(self, kind: str, finished: int) -> bool:
-        """Whether ``finished`` trials of ``kind`` call for a new version."""
+        """Whether ``finished`` trials of ``kind`` call for a new version now."""
         latest = self.store.latest_proxy_model(kind)
         if latest is None or not is_current(latest):
             return True
         fitted = fitted_history(latest)
-        return finished - fitted >= max(self.every, int(self.growth * fitted))
+        if finished - fitted < max(self.every, int(self.growth * fitted)):
+            return False
+        return self.max_share is None or _utcnow() >= self._paid_at(latest)
+
+    def _paid_at(self, version: ProxyModelVersion) -> datetime:
+        """When ``version``'s fit has taken no more than ``max_share`` of the time since it
+        began (it was stored when the fit ended)."""
+        took = (version.metrics or {}).get("seconds")
+        if not isinstance(took, int | float) or self.max_share is None:
+            return version.created_at
+        return version.created_at + timedelta(seconds=took * (1 / self.max_share - 1))
 
     def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
         """Fit and store a new version of ``kind`` if enough new trials finished, else None."""

@@ -48,7 +48,13 @@ class _Shared(FrozenTrial):
     it is given (``copy.deepcopy``, most of a round's time with thousands of trials), and
     the values, params and distributions of a finished trial, or of a pending one standing
     in for the constant liar, are never written to there, so its copy may share them. Only
-    the copy's number and id are set."""
+    the copy's number and id are set.
+
+    What TPE derives from such a trial at every ask (its constraint values, its params in
+    the sampler's internal representation) is kept in :attr:`memo`, which the copies share:
+    recomputing them for every trial at every ask was most of an ask's time."""
+
+    memo: dict[str, Any]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
         return copy.copy(self)
@@ -56,9 +62,17 @@ class _Shared(FrozenTrial):
     def _validate(self) -> None:
         """Checked once, by ``create_trial``, and never changed: not again per round."""
 
+    @property
+    def constraints(self) -> dict[str, float]:
+        out = self.memo.get("constraints")
+        if out is None:
+            out = self.memo["constraints"] = FrozenTrial.constraints.fget(self)  # type: ignore[attr-defined]
+        return out
+
 
 def _shared(trial: FrozenTrial) -> _Shared:
     trial.__class__ = _Shared
+    trial.memo = {}  # type: ignore[attr-defined]
     return trial  # type: ignore[return-value]
 
 
@@ -81,6 +95,29 @@ class _RoundTPE(optuna.samplers.TPESampler):
         if self.round_space is None:
             return super().infer_relative_search_space(study, trial)
         return self.round_space
+
+    def _get_internal_repr(
+        self, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution], study: Any
+    ) -> dict[str, np.ndarray]:
+        """Optuna's, with each shared trial's row made once per search space (see
+        :class:`_Shared`) instead of at every ask."""
+        names = tuple(search_space)
+        rows: list[tuple[float, ...]] = []
+        for trial in trials:
+            memo = getattr(trial, "memo", None)
+            if memo is not None and memo.get("repr_of") == names:
+                row = memo["repr"]
+            else:
+                params = self._get_params(trial, study)
+                row = None
+                if search_space.keys() <= params.keys():
+                    row = tuple(d.to_internal_repr(params[k]) for k, d in search_space.items())
+                if memo is not None:
+                    memo["repr_of"], memo["repr"] = names, row
+            if row is not None:
+                rows.append(row)
+        table = np.asarray(rows, dtype=float).reshape(len(rows), len(names))
+        return {k: table[:, i] for i, k in enumerate(names)}
 
 
 def _common_space(

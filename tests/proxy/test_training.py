@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -177,20 +178,25 @@ def test_retrainer_takes_at_most_its_share_of_a_core(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``max_share``, a refit that is due waits until the last fit's time divided by
-    the share has passed since it began: trials finishing faster than fits run cannot keep
-    a core busy fitting."""
+    the share has passed since it began, in this process and in any other on the store:
+    trials finishing faster than fits run cannot keep a core busy fitting, nor a service's
+    processes spend the share each in turn."""
     import cubic.proxy.training as training
 
     sid = _study(store)
     retrainer = Retrainer(store, every=8, objective="regression", max_share=0.01)
+    other = Retrainer(store, every=8, objective="regression", max_share=0.01)
+    unbounded = Retrainer(store, every=8, objective="regression")
     _add(store, sid, 30, 3)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), training._utcnow()
     first = retrainer.maybe_retrain("llm")
     took = time.monotonic() - t0
-    assert first is not None
+    assert first is not None and first.metrics["seconds"] > 0
     _add(store, sid, 10, 4)
-    assert retrainer.due("llm", 40)  # due by count ...
+    assert unbounded.due("llm", 40)  # due by count ...
+    assert not retrainer.due("llm", 40) and not other.due("llm", 40)
     assert retrainer.maybe_retrain("llm") is None  # ... but 100 fits' time has not passed
+    assert other.maybe_retrain("llm") is None  # ... in the other process either
 
     class Later:
         """The clock of the training module only, 100 fits' time later."""
@@ -202,7 +208,8 @@ def test_retrainer_takes_at_most_its_share_of_a_core(
             return t0 + 100 * took + 1.0
 
     monkeypatch.setattr(training, "time", Later())
-    second = retrainer.maybe_retrain("llm")
+    monkeypatch.setattr(training, "_utcnow", lambda: wall0 + timedelta(seconds=100 * took + 1))
+    second = other.maybe_retrain("llm")
     assert second is not None and second.version == 2
     for share in (0.0, 1.5):
         with pytest.raises(ValueError, match="max_share"):

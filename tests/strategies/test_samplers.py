@@ -218,3 +218,60 @@ def test_a_pending_trial_is_made_once_while_it_runs_and_again_when_it_ends() -> 
     assert set(strategy._pending) == {
         (t.study_id, t.id) for i, t in enumerate(ended) if i in running[1:]
     }
+
+
+def test_tpe_keeping_what_it_derives_from_a_trial_proposes_what_recomputing_it_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shared trial's constraint values and internal representation are derived once and
+    reused by every ask of every round: the batches are those of Optuna deriving them at
+    every ask."""
+    from optuna.trial import FrozenTrial
+
+    from cubic.strategies import samplers
+
+    resolved = _bench("llama3_8b_h100x16", "tpe")
+    history = _with_pending(resolved, 40, 8)
+    growing = [history[:30], history[:40], history]
+    kept = make_strategy(resolved)
+    fast = [[p.params for p in kept.suggest(h, 4)] for h in growing]
+    made = [ft for _, ft in kept._made.values()]
+    assert made and all({"constraints", "repr", "repr_of"} <= set(ft.memo) for ft in made)
+    monkeypatch.setattr(
+        samplers._RoundTPE, "_get_internal_repr", optuna.samplers.TPESampler._get_internal_repr
+    )
+    monkeypatch.setattr(samplers._Shared, "constraints", FrozenTrial.constraints)
+    plain = make_strategy(resolved)
+    assert [[p.params for p in plain.suggest(h, 4)] for h in growing] == fast
+
+
+def test_tpe_keeps_each_shared_trials_row_per_search_space() -> None:
+    """The rows equal Optuna's for shared and unshared trials, a trial without one of the
+    space's knobs (an inactive conditional one) gives none, and a new space is derived
+    anew."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from cubic.strategies import samplers
+
+    dists = {"tp": CategoricalDistribution([1, 2, 4]), "vp": IntDistribution(1, 4)}
+    both = samplers._shared(
+        optuna.trial.create_trial(params={"tp": 4, "vp": 3}, distributions=dists, value=1.0)
+    )
+    only_tp = samplers._shared(
+        optuna.trial.create_trial(
+            params={"tp": 2}, distributions={"tp": dists["tp"]}, value=2.0
+        )
+    )
+    plain = optuna.trial.create_trial(params={"tp": 1, "vp": 1}, distributions=dists, value=3.0)
+    trials = [both, only_tp, plain]
+    study = optuna.create_study()
+    ours = samplers._RoundTPE(multivariate=True)
+    optunas = optuna.samplers.TPESampler(multivariate=True)
+    for space in (dists, {"tp": dists["tp"]}, dists):
+        want = optunas._get_internal_repr(trials, space, study)
+        for _ in range(2):  # derived, then kept
+            got = ours._get_internal_repr(trials, space, study)
+            assert list(got) == list(want)
+            assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert both.memo["repr_of"] == ("tp", "vp") and only_tp.memo["repr"] is None
+    assert not hasattr(plain, "memo")
