@@ -258,9 +258,7 @@ def test_tpe_keeps_each_shared_trials_row_per_search_space() -> None:
         optuna.trial.create_trial(params={"tp": 4, "vp": 3}, distributions=dists, value=1.0)
     )
     only_tp = samplers._shared(
-        optuna.trial.create_trial(
-            params={"tp": 2}, distributions={"tp": dists["tp"]}, value=2.0
-        )
+        optuna.trial.create_trial(params={"tp": 2}, distributions={"tp": dists["tp"]}, value=2.0)
     )
     plain = optuna.trial.create_trial(params={"tp": 1, "vp": 1}, distributions=dists, value=3.0)
     trials = [both, only_tp, plain]
