@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -220,14 +222,27 @@ def start_background(
     config: ServiceSettings,
     stop: threading.Event,
     record: Observer = observe,
+    *,
+    fit_nice: int = 0,
 ) -> list[threading.Thread]:
-    """The retrainer and the proposer, as threads of this process, until ``stop`` is set."""
+    """The retrainer and the proposer, as threads of this process, until ``stop`` is set.
+
+    ``fit_nice``: how many nice levels below this process the retrainer's thread runs (in
+    a background process of its own: see :mod:`service.background`). The proposer keeps the
+    process's priority, the requests': a lease that finds no trial waiting leaves a GPU
+    idle until the next round, while the fits ahead of demand and the shared proxy can wait
+    for the cores the requests and the proposals leave."""
     retrainer = threading.Thread(
-        target=retrain_forever,
+        target=_at_lower_priority,
         name="cubic-retrainer",
         daemon=True,
-        args=(store, stop, config.retrain_every, config.retrain_interval_s, tuner, record),
-        kwargs={"max_share": config.retrain_max_share},
+        args=(fit_nice, retrain_forever, store, stop, config.retrain_every),
+        kwargs={
+            "interval_s": config.retrain_interval_s,
+            "tuner": tuner,
+            "record": record,
+            "max_share": config.retrain_max_share,
+        },
     )
     proposer = threading.Thread(
         target=propose_forever,
@@ -238,6 +253,16 @@ def start_background(
     retrainer.start()
     proposer.start()
     return [retrainer, proposer]
+
+
+def _at_lower_priority(nice: int, target: Callable[..., None], *args: Any, **kw: Any) -> None:
+    """Run ``target`` in this thread ``nice`` levels below the process (Linux, where a nice
+    value is a thread's own; elsewhere at the process's priority)."""
+    if nice and sys.platform == "linux":
+        tid = threading.get_native_id()
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    target(*args, **kw)
 
 
 FIT_STOP_S = 2.0

@@ -119,8 +119,6 @@ def main(settings: dict[str, Any], parent: int, wake: Any, stop: Any, timings: A
 
     config = ServiceSettings(**settings)
     log_to_stderr(config.log_level)
-    if config.background_nice and hasattr(os, "nice"):
-        os.nice(config.background_nice)
     store = open_store(config)
     tuner = Tuner(store, background_fit=True, background_propose=True)
     tuner.wake = wake
@@ -129,7 +127,7 @@ def main(settings: dict[str, Any], parent: int, wake: Any, stop: Any, timings: A
         with contextlib.suppress(queue.Full):
             timings.put_nowait((kind, seconds))
 
-    threads = start_background(store, tuner, config, stop, record)
+    threads = start_background(store, tuner, config, stop, record, fit_nice=config.background_nice)
     try:
         while not stop.wait(WATCH_INTERVAL_S):
             if os.getppid() != parent:  # the API process died without stopping us

@@ -36,9 +36,11 @@ class ServiceSettings(Settings):
     their own beside each API process, so that their CPU work never holds the interpreter
     lock a request waits on) or ``thread`` (threads of the API process: one process in all,
     for tests and small machines).
-    ``CUBIC_BACKGROUND_NICE``: how much lower than its API process's the background process's
-    CPU priority is (a Unix nice increment, 0-19): proposals and model fits take the cores
-    the requests leave, so that a lease or a report never waits for a core behind a fit.
+    ``CUBIC_BACKGROUND_NICE``: how much lower than its API process's the CPU priority of the
+    background process's model fits is (a Unix nice increment, 0-19; on Linux, where a
+    thread has a priority of its own): fits take the cores the requests and the proposals
+    leave, so that a lease or a report never waits for a core behind a fit. Proposing runs
+    at the requests' priority: a lease that finds no trial waiting leaves a GPU idle.
     """
 
     reap_interval_s: float = Field(5.0, gt=0, le=3600)

@@ -85,19 +85,38 @@ def test_the_background_process_stops_when_its_api_process_is_gone(migrated_url:
 
 
 @pytest.mark.parametrize("nice", [0, 7])
-def test_the_background_process_runs_at_a_lower_cpu_priority(migrated_url: str, nice: int) -> None:
-    """Proposals and fits take the cores the requests leave: the background process runs
-    ``CUBIC_BACKGROUND_NICE`` below its API process (0: beside it)."""
+def test_the_background_processs_fits_run_at_a_lower_cpu_priority(
+    migrated_url: str, nice: int
+) -> None:
+    """Fits take the cores the requests and the proposals leave: the background process's
+    retrainer thread runs ``CUBIC_BACKGROUND_NICE`` below its API process (0: beside it),
+    and the process's other threads, the proposer's among them, at the API process's."""
     settings = service_settings(migrated_url, background="process", background_nice=nice)
     with TestClient(create_app(settings)) as c:
         child = c.app.state.background.process
-        want = _nice(os.getpid()) + nice  # type: ignore[operator]
-        _wait(f"the background process at nice {want}", lambda: _nice(child.pid) == want)
+        base = _nice(os.getpid())
+        assert base is not None
+
+        def nices() -> list[int | None]:
+            return [_nice(f"{child.pid}/task/{t.name}") for t in _tasks(child.pid)]
+
+        want = sorted({base, base + nice})
+        _wait(f"threads at nice {want}", lambda: sorted(set(nices()) - {None}) == want)
+        if nice:
+            assert nices().count(base + nice) == 1  # the retrainer's thread alone
+        assert nices()[0] == base  # the main thread: the process itself is not lowered
         assert child.is_alive()
 
 
-def _nice(pid: int) -> int | None:
-    """A process's nice value (``/proc/PID/stat``'s 19th field), None before it is set."""
+def _tasks(pid: int) -> list[Path]:
+    """The threads of ``pid``, the main one first."""
+    tasks = sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda p: int(p.name))
+    return [t for t in tasks if t.name.isdigit()]
+
+
+def _nice(pid: int | str) -> int | None:
+    """A process's (or ``PID/task/TID``: a thread's) nice value (``/proc/.../stat``'s 19th
+    field), None before it is set."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
