@@ -168,10 +168,12 @@ class Store:
         with _storage_errors(), maker() as session, session.begin():
             yield session
 
-    def _one_statement(self, statement: Any) -> list[Any]:
-        """Run one statement that commits on its own (PostgreSQL); its rows."""
+    def _one_statement(self, statement: one_statement.Statement) -> list[Any]:
+        """Run one statement that commits on its own (PostgreSQL), with its bound values;
+        its rows."""
+        query, values = statement
         with _storage_errors(), self._autocommit.connect() as conn:
-            return list(conn.execute(statement).all())
+            return list(conn.execute(query, values).all())
 
     # -- studies ----------------------------------------------------------------------------
 
