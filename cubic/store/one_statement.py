@@ -1,4 +1,4 @@
-"""A lease and a report as one statement each, on PostgreSQL.
+"""A lease and a report as one statement each, on PostgreSQL, and the reads before them.
 
 Every lease that hands out a trial and every report writes its study's row (the counts),
 so the study's workers queue on that row. In a transaction of several statements the row
@@ -199,6 +199,39 @@ def _report(state: TrialState, nulls: frozenset[str]) -> Select[Any]:
         .join_from(done, moved, literal(True))
         .add_cte(logged.cte("logged"))
     )
+
+
+def look(study_id: int, worker_id: str) -> Statement:
+    """The read before a lease: the study's counts (:data:`STUDY_COUNTS`, then how many of
+    its trials ``worker_id`` holds); no row if there is no such study."""
+    return _look(), {"b_study_id": study_id, "b_worker_id": worker_id}
+
+
+@lru_cache(maxsize=1)
+def _look() -> Select[Any]:
+    study_id = bindparam("b_study_id", type_=Integer)
+    own = (
+        select(func.count())
+        .select_from(_T)
+        .where(
+            _T.c.study_id == study_id,
+            _T.c.state == TrialState.RUNNING.value,
+            _T.c.worker_id == bindparam("b_worker_id", type_=String),
+        )
+        .scalar_subquery()
+    )
+    counts = [_S.c.state.label("study_state"), _S.c.n_proposed, _S.c.n_waiting, _S.c.n_running]
+    return select(*counts, _S.c.gpu_hours, own).where(_S.c.id == study_id)
+
+
+def trial(trial_id: int) -> Statement:
+    """The read before a report: the trial's row, or none."""
+    return _trial(), {"b_trial_id": trial_id}
+
+
+@lru_cache(maxsize=1)
+def _trial() -> Select[Any]:
+    return select(_T).where(_T.c.id == bindparam("b_trial_id", type_=Integer))
 
 
 def _logged(changed: Any, from_state: TrialState, to_state: TrialState, detail: Any) -> Any:

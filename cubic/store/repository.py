@@ -175,6 +175,14 @@ class Store:
         with _storage_errors(), self._autocommit.connect() as conn:
             return list(conn.execute(query, values).all())
 
+    def _read_first(self, statement: one_statement.Statement) -> Any:
+        """The first row of a read built once (see :mod:`cubic.store.one_statement`), or
+        None: no session, no building the query per call."""
+        query, values = statement
+        engine = self._autocommit if self._pg else self._engine
+        with _storage_errors(), engine.connect() as conn:
+            return conn.execute(query, values).first()
+
     # -- studies ----------------------------------------------------------------------------
 
     def create_study(
@@ -665,19 +673,7 @@ class Store:
         proposed): they cost this read, not the locking transaction of a lease that hands a
         trial out. A trial that comes to wait just after is leased on the worker's next ask.
         """
-        own = (
-            select(func.count())
-            .select_from(TrialRow)
-            .where(
-                TrialRow.study_id == study_id,
-                TrialRow.state == TrialState.RUNNING.value,
-                TrialRow.worker_id == worker_id,
-            )
-            .scalar_subquery()
-        )
-        query = select(*_COUNTS, StudyRow.gpu_hours, own).where(StudyRow.id == study_id)
-        with self._session(write=False) as s:
-            row = s.execute(query).first()
+        row = self._read_first(one_statement.look(study_id, worker_id))
         if row is None:
             raise NotFound(f"study {study_id} not found")
         return _counts_of(row[:5]), int(row[5])
@@ -801,8 +797,7 @@ class Store:
         one read and one statement that commits (PostgreSQL: see
         :mod:`cubic.store.one_statement`); None if the trial is not (or no longer) so held,
         for the ORM path to say why (a repeated report, a lost lease)."""
-        with self._session(write=False) as s:
-            row = s.scalar(select(TrialRow).where(TrialRow.id == trial_id))
+        row = self._read_first(one_statement.trial(trial_id))
         if row is None or row.state != TrialState.RUNNING.value:
             return None
         if not _same_token(row.lease_token, lease_token):
