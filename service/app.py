@@ -236,13 +236,17 @@ def start_background(
         target=_at_lower_priority,
         name="cubic-retrainer",
         daemon=True,
-        args=(fit_nice, retrain_forever, store, stop, config.retrain_every),
-        kwargs={
-            "interval_s": config.retrain_interval_s,
-            "tuner": tuner,
-            "record": record,
-            "max_share": config.retrain_max_share,
-        },
+        args=(
+            fit_nice,
+            retrain_forever,
+            store,
+            stop,
+            config.retrain_every,
+            config.retrain_interval_s,
+            tuner,
+            record,
+        ),
+        kwargs={"max_share": config.retrain_max_share},
     )
     proposer = threading.Thread(
         target=propose_forever,

@@ -299,7 +299,7 @@ class Retrainer:
         began (it was stored when the fit ended)."""
         took = (version.metrics or {}).get("seconds")
         if not isinstance(took, int | float) or self.max_share is None:
-            return version.created_at
+            return version.created_at  # fitted before fit times were kept, or no share
         return version.created_at + timedelta(seconds=took * (1 / self.max_share - 1))
 
     def maybe_retrain(self, kind: str) -> ProxyModelVersion | None:
