@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.samplers._tpe import sampler as _tpe
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
@@ -89,12 +90,68 @@ class _RoundTPE(optuna.samplers.TPESampler):
 
     round_space: dict[str, BaseDistribution] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._split: tuple[Any, list[FrozenTrial], list[FrozenTrial]] | None = None
+        self._estimators: dict[bool, tuple[Any, Any]] = {}
+
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
         if self.round_space is None:
             return super().infer_relative_search_space(study, trial)
         return self.round_space
+
+    def _sample(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        """Optuna's constant-liar ask, with what stays the same across a round's asks made
+        once: the split of the finished trials into good and bad (an ask adds a running or
+        a failed trial, never a finished one), and the Parzen estimators of trial sets
+        already seen (the good one for every ask; both for a re-ask after a repeated draw,
+        which sees the trials of the ask before it). Each was rebuilt at every ask."""
+        if not self._constant_liar:
+            return super()._sample(study, trial, search_space)
+        states = (OptunaState.COMPLETE, OptunaState.PRUNED, OptunaState.RUNNING)
+        finished: list[FrozenTrial] = []
+        running: list[FrozenTrial] = []
+        for t in study._get_trials(deepcopy=False, states=states, use_cache=False):
+            if t.number != trial.number:
+                (running if t.state == OptunaState.RUNNING else finished).append(t)
+        if self._gamma is None:  # as Optuna's: its default by the number of objectives
+            single = len(study.directions) <= 1
+            self._gamma = _tpe.default_gamma if single else _tpe.default_gamma_multiobjective
+        key = (id(study), tuple(t.number for t in finished))
+        if self._split is None or self._split[0] != key:
+            below, above = _tpe._split_trials(study, finished, self._gamma(len(finished)))
+            self._split = (key, below, above)
+        below, above = self._split[1], self._split[2]
+        if running:  # the constant liar's: each running trial is a bad one
+            above = sorted(above + running, key=lambda t: t.number)
+        mpe_below = self._estimator(study, search_space, below, handle_below=True)
+        mpe_above = self._estimator(study, search_space, above, handle_below=False)
+        samples = mpe_below.sample(self._rng.rng, self._n_ei_candidates)
+        acquisition = self._compute_acquisition_func(samples, mpe_below, mpe_above)
+        out = optuna.samplers.TPESampler._compare(samples, acquisition)
+        for name, dist in search_space.items():
+            out[name] = dist.to_external_repr(out[name])
+        return out
+
+    def _estimator(
+        self,
+        study: optuna.Study,
+        search_space: dict[str, BaseDistribution],
+        trials: list[FrozenTrial],
+        *,
+        handle_below: bool,
+    ) -> Any:
+        """The Parzen estimator of ``trials``, kept while the next ask has the same ones."""
+        key = (id(study), tuple(search_space), tuple(t.number for t in trials))
+        kept = self._estimators.get(handle_below)
+        if kept is None or kept[0] != key:
+            mpe = self._build_parzen_estimator(study, search_space, trials, handle_below)
+            kept = self._estimators[handle_below] = (key, mpe)
+        return kept[1]
 
     def _get_internal_repr(
         self, trials: list[FrozenTrial], search_space: dict[str, BaseDistribution], study: Any

@@ -47,8 +47,8 @@ def test_knobs_the_hardware_rules_out_are_not_asked_of_the_sampler() -> None:
         assert all(p.params[k] == v for k, v in fixed.items())
 
 
-def _bench(name: str, strategy: str):
-    spec, base = load_spec(ROOT / "search_spaces" / "bench" / f"{name}.study.yaml")
+def _bench(name: str, strategy: str, folder: str = "bench"):
+    spec, base = load_spec(ROOT / "search_spaces" / folder / f"{name}.study.yaml")
     spec = spec.model_copy(
         update={"strategy": spec.strategy.model_copy(update={"name": strategy, "seed": 0})}
     )
@@ -241,8 +241,52 @@ def test_tpe_keeping_what_it_derives_from_a_trial_proposes_what_recomputing_it_w
         samplers._RoundTPE, "_get_internal_repr", optuna.samplers.TPESampler._get_internal_repr
     )
     monkeypatch.setattr(samplers._Shared, "constraints", FrozenTrial.constraints)
+    monkeypatch.setattr(samplers._RoundTPE, "_sample", optuna.samplers.TPESampler._sample)
     plain = make_strategy(resolved)
     assert [[p.params for p in plain.suggest(h, 4)] for h in growing] == fast
+
+
+@pytest.mark.parametrize(
+    ("study", "folder"), [("llama3_8b_h100x16", "bench"), ("llama3_8b_h100x16_memory", "bench_mo")]
+)
+def test_tpe_keeping_a_rounds_split_and_estimators_proposes_what_rebuilding_them_would(
+    study: str, folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within a round the finished trials' split and the estimators of trial sets already
+    seen are kept (one or two objectives): the batches are Optuna's own, and a round of
+    ``n`` proposals builds at most ``n + 1`` estimators where Optuna builds two per ask."""
+    from cubic.strategies import samplers
+
+    resolved = _bench(study, "tpe", folder)
+    assert len(resolved.spec.objectives) == (2 if folder == "bench_mo" else 1)
+    history = _with_pending(resolved, 60, 8)
+    growing = [history[:40], history]
+    built: list[int] = []
+    build = optuna.samplers.TPESampler._build_parzen_estimator
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        return build(self, *args, **kwargs)
+
+    asks: list[int] = []
+    ask = optuna.Study.ask
+
+    def counted_ask(self, *args, **kwargs):
+        asks.append(1)
+        return ask(self, *args, **kwargs)
+
+    monkeypatch.setattr(samplers._RoundTPE, "_build_parzen_estimator", counted)
+    monkeypatch.setattr(optuna.Study, "ask", counted_ask)
+    kept = make_strategy(resolved)
+    fast = []
+    for h in growing:
+        built.clear()
+        asks.clear()
+        fast.append([p.params for p in kept.suggest(h, 6)])
+        assert len(built) <= 6 + 1 < 2 * len(asks)
+    monkeypatch.setattr(samplers._RoundTPE, "_sample", optuna.samplers.TPESampler._sample)
+    plain = make_strategy(resolved)
+    assert [[p.params for p in plain.suggest(h, 6)] for h in growing] == fast
 
 
 def test_tpe_keeps_each_shared_trials_row_per_search_space() -> None:
