@@ -8,8 +8,10 @@ job reports.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +57,11 @@ ROUND_EWMA = 0.2
 """Weight of the newest round in the running average of proposal rounds' durations."""
 RETRY_AT_CAP_S = 1.0
 """... and when the study already runs its ``max_parallel`` trials."""
+PACE_WINDOW_S = 30.0
+"""How far back a study's pace (slots freed per second) is measured."""
+AHEAD_ROUNDS = 2.0
+"""A learning strategy's background proposer keeps waiting, beyond the parallel room, the
+trials that free up during this many of its rounds (see :class:`_Pace`)."""
 
 STUDY_TRANSITIONS: dict[StudyState, frozenset[StudyState]] = {
     StudyState.PAUSED: frozenset({StudyState.RUNNING}),
@@ -77,6 +84,48 @@ class _History:
     #: Objective values of finished trials by trial id (a finished trial never changes), so
     #: that the best and the front of a large study are not scored again at every request.
     values: dict[int, list[float] | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pace:
+    """How fast a study's running slots free up, and how long a proposal round for it takes,
+    as this process's background proposer measures them.
+
+    A learning strategy proposes for the free slots only, so that each proposal sees every
+    result in so far; but a worker that reports and leases at once then finds nothing
+    waiting until the next round has run, and waits (its GPU idle) for a round each trial.
+    The trials that free up during a round or two are therefore proposed ahead: none when
+    trials run for minutes or hours (a round's worth of slots rounds down to none), a few
+    when they end every few milliseconds."""
+
+    active_after: int | None = None  # the study's active trials after the latest round
+    freed: deque[tuple[float, int]] = field(default_factory=deque)  # (when, slots freed)
+    round_s: float | None = None  # running average of its rounds' durations
+    clock: Callable[[], float] = time.monotonic
+
+    def observe(self, active: int) -> None:
+        """A round starts with ``active`` trials waiting or running."""
+        now = self.clock()
+        if self.active_after is not None:
+            self.freed.append((now, max(0, self.active_after - active)))
+        self.active_after = active
+        while len(self.freed) > 1 and self.freed[1][0] < now - PACE_WINDOW_S:
+            self.freed.popleft()  # the oldest kept marks where the window starts
+
+    def ahead(self, limit: int) -> int:
+        """The slots expected to free up during :data:`AHEAD_ROUNDS` rounds, at most
+        ``limit``."""
+        if self.round_s is None or len(self.freed) < 2:
+            return 0
+        span = self.clock() - self.freed[0][0]
+        rate = sum(f for _, f in list(self.freed)[1:]) / max(span, 1e-3)
+        return min(limit, math.floor(AHEAD_ROUNDS * rate * self.round_s))
+
+    def done(self, active: int, seconds: float) -> None:
+        """A round left ``active`` trials active and took ``seconds``."""
+        self.active_after = active
+        r = self.round_s
+        self.round_s = seconds if r is None else (1 - ROUND_EWMA) * r + ROUND_EWMA * seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +209,7 @@ class Tuner:
         self._local_locks: dict[int, threading.Lock] = {}
         # Study -> its count of proposals right after this process's latest round.
         self._proposed_to: dict[int, int] = {}
+        self._pace: dict[int, _Pace] = {}  # studies this process proposes for in background
         self._local_guard = threading.Lock()
         self.round_s: float | None = None  # running average of background rounds' time
         self.claims = store.claims()  # the studies this process proposes for (to_fill)
@@ -362,9 +412,13 @@ class Tuner:
 
     def _fill_held(self, study_id: int, want: int | None) -> int:
         """:meth:`fill`, the study's proposal lock held."""
+        pace = self._pace.setdefault(study_id, _Pace()) if self.background_propose else None
+        t0 = pace.clock() if pace is not None else 0.0
         counts = self.store.study_counts(study_id)
         if counts.state != StudyState.RUNNING:
             return 0
+        if pace is not None:
+            pace.observe(counts.active)
         k = self._room(study_id, counts, want)
         if k <= 0:
             return 0
@@ -380,6 +434,8 @@ class Tuner:
         )
         self._remember(study_id, added)
         self._proposed_to[study_id] = counts.proposed + len(added)
+        if pace is not None:
+            pace.done(counts.active + len(added), pace.clock() - t0)
         return len(added)
 
     def to_fill(self) -> list[int]:
@@ -394,6 +450,8 @@ class Tuner:
         """
         running = self.store.running_studies()
         self.claims.keep_only(running)
+        for sid in self._pace.keys() - running.keys():
+            del self._pace[sid]
         out, claimed = [], False
         for sid, counts in running.items():
             try:
@@ -527,9 +585,15 @@ class Tuner:
         # blind to results a background proposer also keeps a few trials ahead of demand, so
         # that a worker that finishes finds the next one waiting (leases still run at most
         # max_parallel at once); a learning strategy's trial proposed early would be
-        # proposed without the results that come in meanwhile, so it waits for a free slot.
-        blind = strategy_class(self.resolved(study_id).spec.strategy.name).blind
-        ahead = -(-b.max_parallel // 8) if self.background_propose and blind else 0
+        # proposed without the results that come in meanwhile, so it keeps ahead only the
+        # slots that free up while its rounds run (see _Pace).
+        ahead = 0
+        if self.background_propose:
+            most = -(-b.max_parallel // 8)
+            if strategy_class(self.resolved(study_id).spec.strategy.name).blind:
+                ahead = most
+            elif (pace := self._pace.get(study_id)) is not None:
+                ahead = pace.ahead(most)
         room = b.max_parallel + ahead - counts.active
         return max(0, min(b.max_trials - counts.proposed, room))
 

@@ -501,6 +501,60 @@ def test_a_short_lease_says_to_wait_about_one_proposal_round(store: Store) -> No
     assert hint() == pytest.approx(2.0)  # nor wait long for a round that may end at once
 
 
+@pytest.mark.parametrize(("gap_s", "ahead"), [(0.0, 2), (600.0, 0)])
+def test_a_learning_strategy_keeps_waiting_the_slots_that_free_up_during_its_rounds(
+    store: Store, gap_s: float, ahead: int
+) -> None:
+    """A background proposer of a learning strategy proposes for the free slots and, once
+    it has measured the study's pace, for the slots expected to free up during two of its
+    rounds (at most an eighth of ``max_parallel``): a few when trials end as fast as its
+    rounds run, none when they run for minutes. Rounds take 0.2 s on a clock of the test's;
+    ``gap_s`` passes between the rounds, while the workers run every trial."""
+    from cubic.tuner import _Pace
+
+    now = [0.0]
+
+    def clock() -> float:  # each reading is 0.1 s later: a round reads it twice
+        now[0] += 0.1
+        return now[0]
+
+    tuner = Tuner(store, background_propose=True)
+    sid = tuner.create_study(_spec(budget={"max_trials": 200, "max_parallel": 16})).id
+    tuner._pace[sid] = _Pace(clock=clock)
+    waiting = []
+    for _ in range(5):
+        now[0] += gap_s
+        tuner.fill(sid)
+        counts = tuner.store.study_counts(sid)
+        waiting.append(counts.waiting)
+        got = tuner.lease(sid, "w", 32)
+        assert len(got.trials) == 16  # never more than max_parallel run at once
+        for t in got.trials:
+            tuner.tell(t.id, t.lease_token, _job(t.params))
+    assert waiting[:2] == [16, 16]  # two rounds measure the pace: it counts from the third
+    assert waiting[-1] == 16 + ahead, waiting
+
+
+def test_a_studys_pace_counts_each_freed_slot_once() -> None:
+    """A round that found no room moves the mark the next round counts from."""
+    from cubic.tuner import _Pace
+
+    now = [0.0]
+    pace = _Pace(clock=lambda: now[0])
+    pace.observe(0)
+    pace.done(64, 0.5)
+    for active in (60, 56):  # two looks 1 s apart, the first without a round
+        now[0] += 1.0
+        pace.observe(active)
+    pace.done(64, 0.5)
+    assert [f for _, f in pace.freed] == [4, 4]
+    assert pace.ahead(100) == 4  # 4 slots a second, over two rounds of 0.5 s
+    assert pace.ahead(3) == 3
+    now[0] += 100.0  # nothing measured for a while: the old pace no longer counts
+    pace.observe(64)
+    assert pace.ahead(100) == 0
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_each_study_is_proposed_for_by_one_background_process(store: Store, db_url: str) -> None:
