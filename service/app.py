@@ -319,6 +319,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             background = app.state.background = BackgroundProcess(config)
             tuner.wake = background.nudge  # a short lease or a report wakes it
             await anyio.to_thread.run_sync(background.start)
+            if not await anyio.to_thread.run_sync(background.wait_ready):
+                log.warning("the background process is not proposing yet: serving anyway")
             watcher = asyncio.create_task(
                 background.watch(observer(tuner)), name="cubic-background"
             )

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.background import _CTX, main
+from service.background import _CTX, Signal, main
 from tests.service.conftest import create, lease_answer, run_study, service_settings
 
 WAIT_S = 120.0
@@ -72,7 +72,7 @@ def test_a_background_process_that_dies_is_started_again(process_client: TestCli
 
 def test_the_background_process_stops_when_its_api_process_is_gone(migrated_url: str) -> None:
     settings = service_settings(migrated_url, background="process").model_dump()
-    wake, stop, timings = _CTX.Event(), _CTX.Event(), _CTX.Queue()
+    wake, stop, timings = Signal(), Signal(), _CTX.Queue()
     # A parent pid that is not its parent: what it sees once the API process died.
     child = _CTX.Process(target=main, args=(settings, -1, wake, stop, timings), daemon=True)
     child.start()
@@ -151,6 +151,32 @@ def test_a_stop_does_not_wait_out_a_model_fit(
         assert not stopper.is_alive(), "the shutdown waited for the fit"
     finally:
         release.set()
+
+
+def test_the_api_process_serves_once_its_background_process_proposes(
+    process_client: TestClient,
+) -> None:
+    """Startup waits for the child's proposer: a lease before it would find nothing, and a
+    study created before it would get its first batch only once the child runs."""
+    background = process_client.app.state.background
+    assert background.proposing and background.process.is_alive()
+    study = create(process_client, budget={"max_trials": 4, "max_parallel": 4})
+    assert run_study(process_client, study) == 4
+
+
+def test_waiting_for_a_background_process_that_died_returns_at_once(tmp_path: Path) -> None:
+    """A child that cannot start (here: a database without cubic's schema) ends the wait
+    before its timeout: the API process serves, and its watcher restarts the child."""
+    from service.background import BackgroundProcess
+
+    bp = BackgroundProcess(service_settings(f"sqlite:///{tmp_path / 'empty.db'}"))
+    bp.start()
+    try:
+        t0 = time.monotonic()
+        assert bp.wait_ready(timeout_s=600.0) is False
+        assert time.monotonic() - t0 < 600.0 and not bp.process.is_alive()
+    finally:
+        bp.stop()
 
 
 def test_a_nudge_on_the_request_path_reaches_the_background_process(tmp_path: Path) -> None:
