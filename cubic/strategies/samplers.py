@@ -26,7 +26,7 @@ import copy
 import inspect
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,13 +86,16 @@ class _RoundTPE(optuna.samplers.TPESampler):
     third of a round's time. Within a round of :class:`OptunaStrategy` it cannot change (an
     ask adds only running or failed trials) and every trial of a study has the same
     distribution per knob, so it is the knobs common to every finished trial, computed
-    once per round from their names: the same space, in the same (sorted) order."""
+    once per round from their names: the same space, in the same (sorted) order.
+
+    A sampler serves one round's study (see :meth:`_sample`): its finished trials are read
+    once, at the round's first ask."""
 
     round_space: dict[str, BaseDistribution] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._split: tuple[Any, list[FrozenTrial], list[FrozenTrial]] | None = None
+        self._split: tuple[int, list[FrozenTrial], list[FrozenTrial]] | None = None
         self._estimators: dict[bool, tuple[Any, Any]] = {}
 
     def infer_relative_search_space(
@@ -106,30 +109,39 @@ class _RoundTPE(optuna.samplers.TPESampler):
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         """Optuna's constant-liar ask, with what stays the same across a round's asks made
-        once: the split of the finished trials into good and bad (an ask adds a running or
-        a failed trial, never a finished one), and the Parzen estimators of trial sets
-        already seen (the good one for every ask; both for a re-ask after a repeated draw,
-        which sees the trials of the ask before it). Each was rebuilt at every ask."""
+        once: the finished trials and their split into good and bad (an ask of a round adds
+        a running or a failed trial, never a finished one), and the Parzen estimators of
+        trial sets already seen (the good one for every ask; both for a re-ask after a
+        repeated draw, which sees the trials of the ask before it). Each was rebuilt at
+        every ask."""
         if not self._constant_liar:
             return super()._sample(study, trial, search_space)
-        states = (OptunaState.COMPLETE, OptunaState.PRUNED, OptunaState.RUNNING)
-        finished: list[FrozenTrial] = []
-        running: list[FrozenTrial] = []
-        for t in study._get_trials(deepcopy=False, states=states, use_cache=False):
-            if t.number != trial.number:
-                (running if t.state == OptunaState.RUNNING else finished).append(t)
-        if self._gamma is None:  # as Optuna's: its default by the number of objectives
-            single = len(study.directions) <= 1
-            self._gamma = _tpe.default_gamma if single else _tpe.default_gamma_multiobjective
-        key = (id(study), tuple(t.number for t in finished))
-        if self._split is None or self._split[0] != key:
+        if self._split is None or self._split[0] != id(study):
+            if self._gamma is None:  # as Optuna's: its default by the number of objectives
+                single = len(study.directions) <= 1
+                self._gamma = _tpe.default_gamma if single else _tpe.default_gamma_multiobjective
+            states = (OptunaState.COMPLETE, OptunaState.PRUNED)
+            finished = study._get_trials(deepcopy=False, states=states, use_cache=False)
             below, above = _tpe._split_trials(study, finished, self._gamma(len(finished)))
-            self._split = (key, below, above)
+            self._split = (id(study), below, above)
         below, above = self._split[1], self._split[2]
-        if running:  # the constant liar's: each running trial is a bad one
-            above = sorted(above + running, key=lambda t: t.number)
-        mpe_below = self._estimator(study, search_space, below, handle_below=True)
-        mpe_above = self._estimator(study, search_space, above, handle_below=False)
+        running = [
+            t
+            for t in study._get_trials(
+                deepcopy=False, states=(OptunaState.RUNNING,), use_cache=False
+            )
+            if t.number != trial.number
+        ]
+        space = tuple(search_space)
+        mpe_below = self._estimator(study, search_space, lambda: below, (space,), True)
+        mpe_above = self._estimator(
+            study,
+            search_space,
+            # the constant liar's: each running trial is a bad one
+            lambda: sorted(above + running, key=lambda t: t.number) if running else above,
+            (space, *(t.number for t in running)),
+            False,
+        )
         samples = mpe_below.sample(self._rng.rng, self._n_ei_candidates)
         acquisition = self._compute_acquisition_func(samples, mpe_below, mpe_above)
         out = optuna.samplers.TPESampler._compare(samples, acquisition)
@@ -141,15 +153,15 @@ class _RoundTPE(optuna.samplers.TPESampler):
         self,
         study: optuna.Study,
         search_space: dict[str, BaseDistribution],
-        trials: list[FrozenTrial],
-        *,
+        trials: Callable[[], list[FrozenTrial]],
+        key: tuple[Any, ...],
         handle_below: bool,
     ) -> Any:
-        """The Parzen estimator of ``trials``, kept while the next ask has the same ones."""
-        key = (id(study), tuple(search_space), tuple(t.number for t in trials))
+        """The Parzen estimator of ``trials()`` (the round's finished ones, split, with the
+        running ones that ``key`` names), kept while the next ask has the same ones."""
         kept = self._estimators.get(handle_below)
         if kept is None or kept[0] != key:
-            mpe = self._build_parzen_estimator(study, search_space, trials, handle_below)
+            mpe = self._build_parzen_estimator(study, search_space, trials(), handle_below)
             kept = self._estimators[handle_below] = (key, mpe)
         return kept[1]
 
@@ -195,6 +207,7 @@ class OptunaStrategy(Strategy):
     def __init__(self, study: ResolvedStudy, *, seed: int | None = None, **options: Any) -> None:
         super().__init__(study, seed=seed, **options)
         self._pool: tuple[list[dict[str, Any]], dict[str, int], np.ndarray] | None = None
+        self._pool32 = np.zeros((0, 0), dtype=np.float32)  # its positions, single precision
         # A finished trial's FrozenTrial, by (study, id), with what it was made from (its
         # values, or the penalty it stood in with): made once, not once per round.
         self._made: dict[tuple[int, int], tuple[tuple[Any, ...], FrozenTrial]] = {}
@@ -359,6 +372,7 @@ class OptunaStrategy(Strategy):
                 {keys[i]: j for j, i in enumerate(first)},
                 self.positions(arrays),
             )
+            self._pool32 = self._pool[2].astype(np.float32)
         return self._pool
 
     def _nearest_valid(self, params: dict[str, Any], seen: set[str]) -> dict[str, Any] | None:
@@ -373,11 +387,18 @@ class OptunaStrategy(Strategy):
             if v is None or not p.contains(v):
                 v = p.to_python(p.grid())[0] if p.is_finite else p.low
             point[p.name] = p.array([v])
-        dist = np.abs(pos - self.positions(point)).sum(axis=1)
+        at = self.positions(point)
+        # Distances in single precision first (half the memory to stream), then in double
+        # for the few within its rounding error of the nearest: the same pick, ties too.
+        dist = np.abs(self._pool32 - at.astype(np.float32)).sum(axis=1)
         # The tried configs among the pool: a look-up per tried config, not per pool entry.
         dist[[i for k in seen if (i := index.get(k)) is not None]] = np.inf
-        j = int(np.argmin(dist))
-        return None if not np.isfinite(dist[j]) else configs[j]
+        near = dist.min()
+        if not np.isfinite(near):
+            return None
+        close = np.flatnonzero(dist <= near + 4.0 * pos.shape[1] ** 2 * 2.0**-24)
+        j = int(close[np.argmin(np.abs(pos[close] - at).sum(axis=1))])
+        return configs[j]
 
 
 class RandomStrategy(OptunaStrategy):

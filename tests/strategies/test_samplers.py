@@ -289,6 +289,30 @@ def test_tpe_keeping_a_rounds_split_and_estimators_proposes_what_rebuilding_them
     assert [[p.params for p in plain.suggest(h, 6)] for h in growing] == fast
 
 
+@pytest.mark.parametrize("study", ["llama3_8b_h100x16", "dlrm_dcnv2_h100x64"])
+def test_a_repair_picks_the_nearest_untried_config_as_double_precision_would(study: str) -> None:
+    """The repair's distances are taken in single precision first: its pick is the pool's
+    first config at the least L1 distance in double precision, never tried."""
+    resolved = _bench(study, "tpe")
+    strategy = make_strategy(resolved)
+    configs, index, pos = strategy._valid_pool()
+    rng = np.random.default_rng(3)
+    draws = resolved.space.sample(rng, 40, resolved.context)
+    seen = {config_key(c) for c in configs[::7]}
+    for draw in draws:
+        point = {}
+        for p in resolved.space.parameters:  # an inactive knob's default: its first choice
+            v = draw[p.name] if p.contains(draw[p.name]) else p.to_python(p.grid())[0]
+            point[p.name] = p.array([v])
+        dist = np.abs(pos - strategy.positions(point)).sum(axis=1)
+        dist[[index[k] for k in seen if k in index]] = np.inf
+        want = configs[int(np.argmin(dist))]
+        got = strategy._nearest_valid(draw, seen)
+        assert got == want and config_key(got) not in seen
+    everything = {config_key(c) for c in configs}
+    assert strategy._nearest_valid(draws[0], everything) is None
+
+
 def test_tpe_keeps_each_shared_trials_row_per_search_space() -> None:
     """The rows equal Optuna's for shared and unshared trials, a trial without one of the
     space's knobs (an inactive conditional one) gives none, and a new space is derived
