@@ -48,6 +48,9 @@ PREFIT_INTERVAL_S = 0.5
 """How often the background thread looks for studies whose model is stale."""
 PROPOSE_INTERVAL_S = 0.25
 """How often the proposer looks for studies with room, when nothing woke it."""
+IDLE_LOOK_S = 0.1
+"""The least time between two looks of a proposer that proposes for no study: every report
+and short lease of its API process wakes it, and each look is a query."""
 PROPOSER_THREAD = "cubic-proposer"
 """The proposer thread's name: a stop waits for its round, not for the retrainer's fit."""
 
@@ -198,6 +201,9 @@ def _propose_until(
         except Exception:
             log.exception("looking for studies to propose for failed")
             stop.wait(interval_s)
+            continue
+        if not studies and not tuner.claims.held:
+            stop.wait(IDLE_LOOK_S)
             continue
         for sid in studies:
             if stop.is_set():

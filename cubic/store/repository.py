@@ -1180,13 +1180,22 @@ class StudyClaims:
     that a process that dies (or loses its connection) frees its claims at once. SQLite:
     every claim is granted (the processes sharing a SQLite file are one API process and its
     background process, which alone proposes). Used by one thread.
+
+    A study another process holds is tried again only after :attr:`retry_s`: every report
+    and short lease wakes its API process's proposer, and a try at each wake cost the
+    processes that do not propose for it a third of a core between them.
     """
+
+    retry_s = 1.0
+    """How long a study another process proposes for is left alone before the next try (the
+    longest a study waits for a new proposer after its own went away)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._conn: Connection | None = None
         self._ns: int | None = None
         self.held: set[int] = set()
+        self._elsewhere: dict[int, float] = {}  # study -> when another process held it
 
     def claim(self, study_id: int) -> bool:
         """Whether this process proposes for the study: it already does, or it takes it now
@@ -1196,13 +1205,21 @@ class StudyClaims:
         if not self._store._pg:
             self.held.add(study_id)
             return True
+        tried = self._elsewhere.get(study_id)
+        if tried is not None and time.monotonic() - tried < self.retry_s:
+            return False
         got = self._run("SELECT pg_try_advisory_lock(:ns, :key)", study_id)
         if got:
             self.held.add(study_id)
+            self._elsewhere.pop(study_id, None)
+        else:
+            self._elsewhere[study_id] = time.monotonic()
         return bool(got)
 
     def keep_only(self, study_ids: Container[int]) -> None:
         """Give up the claims on studies not in ``study_ids`` (those no longer running)."""
+        for sid in [s for s in self._elsewhere if s not in study_ids]:
+            del self._elsewhere[sid]
         for sid in [s for s in self.held if s not in study_ids]:
             self.held.discard(sid)
             if self._store._pg:

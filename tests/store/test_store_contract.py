@@ -957,6 +957,7 @@ class TestStudyLock:
         b_study = store.create_study("b", {}, "llm")
         with Store(db_url) as other_process:
             mine, theirs = store.claims(), other_process.claims()
+            mine.retry_s = theirs.retry_s = 0.0  # each try asks (the back-off: below)
             try:
                 assert mine.claim(a_study.id) and mine.claim(a_study.id)  # kept, not re-taken
                 if not db_url.startswith("postgresql"):
@@ -978,6 +979,40 @@ class TestStudyLock:
                 assert mine.held == set()
                 assert theirs.claim(a_study.id)  # ... on the server too
                 assert mine.claim(b_study.id)  # and it claims again on a new session
+            finally:
+                mine.close()
+                theirs.close()
+
+    def test_a_study_held_elsewhere_is_tried_again_only_after_a_while(
+        self, store: Store, db_url: str
+    ) -> None:
+        """A process that found a study held by another leaves it alone for ``retry_s``,
+        without a statement, then takes it if it is free."""
+        from sqlalchemy import event
+
+        if not db_url.startswith("postgresql"):
+            pytest.skip("SQLite grants every claim: nothing is held elsewhere")
+        study = store.create_study("a", {}, "llm")
+        with Store(db_url) as other_process:
+            mine, theirs = store.claims(), other_process.claims()
+            try:
+                assert mine.claim(study.id) and not theirs.claim(study.id)
+                mine.close()  # free now, but the other process does not look yet
+                seen: list[str] = []
+
+                def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+                    seen.append(statement)
+
+                event.listen(other_process._engine, "before_cursor_execute", record)
+                try:
+                    assert not theirs.claim(study.id)
+                finally:
+                    event.remove(other_process._engine, "before_cursor_execute", record)
+                assert seen == []
+                theirs._elsewhere[study.id] -= theirs.retry_s  # as if a while had passed
+                assert theirs.claim(study.id) and theirs.held == {study.id}
+                theirs.keep_only(set())  # no longer running: nothing remembered of it
+                assert theirs._elsewhere == {} and theirs.held == set()
             finally:
                 mine.close()
                 theirs.close()
