@@ -101,6 +101,8 @@ class Strategy(ABC):
         self, history: Sequence[Trial], proposals: list[Proposal], n: int, seen: set[str]
     ) -> list[Proposal]:
         """Top up ``proposals`` to ``n`` with random valid configurations never seen before."""
+        if len(proposals) >= n:
+            return proposals
         rng = self.rng(history)
         near_infeasible = self._near_infeasible(history)
         tries = 0
