@@ -190,7 +190,7 @@ def main(
     until ``stop`` is called (a :class:`Signal`, as ``wake`` and ``ready``) or the API
     process ``parent`` is gone; ``ready`` is called once they run."""
     from cubic.tuner import Tuner
-    from service.app import join_background, log_to_stderr, open_store, start_background
+    from service.loops import join_background, log_to_stderr, open_store, start_background
 
     config = ServiceSettings(**settings)
     log_to_stderr(config.log_level)

@@ -198,37 +198,3 @@ def test_a_nudge_on_the_request_path_reaches_the_background_process(tmp_path: Pa
     bp.nudge.set()
     forwarder.join(30)
     assert not forwarder.is_alive()
-
-
-def test_a_proposer_that_proposes_for_no_study_looks_at_most_every_idle_interval(
-    tmp_path: Path,
-) -> None:
-    """Every report and short lease of an API process wakes its proposer; one that proposes
-    for no study (another process does) answers a burst of wakes with a few looks."""
-    import threading
-
-    from cubic.store import Store
-    from cubic.store.schema import upgrade
-    from cubic.tuner import Tuner
-    from service.app import IDLE_LOOK_S, propose_forever
-
-    url = f"sqlite:///{tmp_path / 'idle.db'}"
-    upgrade(url)
-    with Store(url) as store:
-        tuner = Tuner(store, background_propose=True)
-        looks = []
-        to_fill = tuner.to_fill
-        tuner.to_fill = lambda: looks.append(1) or to_fill()  # type: ignore[method-assign]
-        stop = threading.Event()
-        proposer = threading.Thread(target=propose_forever, args=(tuner, stop, 30.0))
-        t0 = time.monotonic()
-        proposer.start()
-        for _ in range(200):
-            tuner.wake.set()
-            time.sleep(0.002)
-        elapsed = time.monotonic() - t0
-        stop.set()
-        tuner.wake.set()
-        proposer.join(WAIT_S)
-        assert not proposer.is_alive()
-    assert 1 <= len(looks) <= elapsed / IDLE_LOOK_S + 2
