@@ -194,10 +194,18 @@ class MemoryModel:
         return self
 
     def _kernel(self, Z1: np.ndarray, Z2: np.ndarray) -> np.ndarray:
-        d2 = np.maximum(
-            (Z1**2).sum(axis=1)[:, None] + (Z2**2).sum(axis=1)[None, :] - 2.0 * Z1 @ Z2.T, 0.0
-        )
-        return self.local_sd**2 * np.exp(-0.5 * d2 / self.length_scale**2)
+        # In place, in the order of the plain expression (the same values): with a study's
+        # whole candidate pool as Z1 each temporary is tens of megabytes.
+        out = (Z1**2).sum(axis=1)[:, None] + (Z2**2).sum(axis=1)[None, :]
+        cross = Z1 @ Z2.T
+        cross *= 2.0
+        out -= cross
+        np.maximum(out, 0.0, out=out)
+        out *= -0.5
+        out /= self.length_scale**2
+        np.exp(out, out=out)
+        out *= self.local_sd**2
+        return out
 
     def correlation(self, X: np.ndarray, Q: np.ndarray) -> np.ndarray:
         """How much of what a job at each row of ``Q`` will report about its memory carries
@@ -251,7 +259,18 @@ class MemoryModel:
         est = self.estimate(X)
         if self.mean_ is None:
             return est
-        return est * np.exp(self.log_error(X)[0])
+        return est * np.exp(self._log_error_mean(X))
+
+    def _log_error_mean(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`log_error`'s mean alone: what :meth:`fits` needs, for every candidate of a
+        study each time its memory model is refitted, without the variances' products."""
+        assert self.mean_ is not None
+        A = self._design(X)
+        mean = A @ self.mean_
+        if self.local_ is not None:
+            Z, _, alpha = self.local_
+            mean = mean + self._kernel(A[:, self._columns], Z) @ alpha
+        return mean
 
     def p_fit(self, X: np.ndarray) -> np.ndarray:
         """Probability that each config's peak stays within ``limit`` of HBM."""

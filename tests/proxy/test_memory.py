@@ -177,3 +177,30 @@ def test_a_fixed_overhead_is_fitted_so_that_lean_configs_are_ranked_right() -> N
     assert np.median(err_fitted) < 0.03 < np.median(err_plain)
     mean, _ = fitted.log_ratio(X[lean])
     assert np.allclose(np.exp(mean), fitted.ratio(X[lean]))
+
+
+def test_whether_configs_fit_is_read_from_the_mean_alone_as_the_full_prediction_gives() -> None:
+    """``ratio`` (what ``fits`` reads for every candidate) computes the correction's mean
+    without the variances: the same values as :meth:`MemoryModel.log_error`'s mean."""
+    study = _study()
+    configs, X = _near_the_line(study, 300)
+    hbm_gb = study.workload.gpu.hbm_bytes / 1e9
+    est = estimate_ratio("llm", X)
+    error = np.random.default_rng(5).uniform(0.9, 1.1, len(X))
+    trials = [_complete(i, configs[i], est[i] * error[i] * hbm_gb) for i in range(40)]
+    model = MemoryModel(study.workload, limit=0.95).fit(X[:40], trials, reference=X)
+    assert model.local_ is not None  # the local part is on
+    mean, _ = model.log_error(X)
+    assert np.array_equal(model.ratio(X), model.estimate(X) * np.exp(mean))
+    assert np.array_equal(model.fits(X), model.estimate(X) * np.exp(mean) <= 0.95)
+
+
+def test_the_local_kernel_computed_in_place_equals_the_plain_expression() -> None:
+    study = _study()
+    model = MemoryModel(study.workload, limit=0.95)
+    rng = np.random.default_rng(0)
+    Z1, Z2 = rng.normal(size=(3000, 7)), rng.normal(size=(200, 7))
+    Z2[0] = Z1[0]  # a distance of zero, which rounding may push below it
+    d2 = (Z1**2).sum(axis=1)[:, None] + (Z2**2).sum(axis=1)[None, :] - 2.0 * Z1 @ Z2.T
+    plain = model.local_sd**2 * np.exp(-0.5 * np.maximum(d2, 0.0) / model.length_scale**2)
+    assert np.array_equal(model._kernel(Z1, Z2), plain)
