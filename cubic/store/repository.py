@@ -1182,8 +1182,8 @@ class StudyClaims:
     background process, which alone proposes). Used by one thread.
 
     A study another process holds is tried again only after :attr:`retry_s`: every report
-    and short lease wakes its API process's proposer, and a try at each wake cost the
-    processes that do not propose for it a third of a core between them.
+    and short lease wakes its API process's proposer, and a try at each wake kept each
+    process that does not propose for it busy a third of the time.
     """
 
     retry_s = 1.0
