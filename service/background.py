@@ -61,12 +61,6 @@ class Signal:
         while self._calls.acquire(False):
             pass
 
-    def is_set(self) -> bool:
-        if not self._calls.acquire(False):
-            return False
-        self._calls.release()
-        return True
-
 
 class BackgroundProcess:
     """The background process of one API process (see the module's docstring)."""

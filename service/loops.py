@@ -31,17 +31,11 @@ log = logging.getLogger("cubic.service")
 
 PREFIT_INTERVAL_S = 0.5
 """How often the background thread looks for studies whose model is stale."""
-
-
 PROPOSE_INTERVAL_S = 0.25
 """How often the proposer looks for studies with room, when nothing woke it."""
-
-
 IDLE_LOOK_S = 0.1
 """The least time between two looks of a proposer that proposes for no study: every report
 and short lease of its API process wakes it, and each look is a query."""
-
-
 PROPOSER_THREAD = "cubic-proposer"
 """The proposer thread's name: a stop waits for its round, not for the retrainer's fit."""
 

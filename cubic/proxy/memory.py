@@ -238,16 +238,27 @@ class MemoryModel:
         """(mean, sd) of log(true / estimate) at each row of ``X``."""
         if self.mean_ is None or self.cov_ is None:
             return np.zeros(len(X)), np.full(len(X), math.hypot(self.offset_sd, self.shape_sd))
-        A = self._design(X)
-        mean = A @ self.mean_
+        A, mean, k = self._mean(X)
         var = np.sum((A @ self.cov_) * A, axis=1) + self.noise_sd**2
-        if self.local_ is not None:
-            Z, L_inv, alpha = self.local_
-            k = self._kernel(A[:, self._columns], Z)
-            v = L_inv @ k.T
-            mean = mean + k @ alpha
+        if self.local_ is not None and k is not None:
+            v = self.local_[1] @ k.T
             var = var + np.maximum(self.local_sd**2 - (v**2).sum(axis=0), 0.0)
         return mean, np.sqrt(var)
+
+    def _mean(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The design rows of ``X``, the mean of the log error there, and the local part's
+        kernel against its observations (None without one): the mean alone is what
+        :meth:`fits` needs, for every candidate of a study each time the model is refitted,
+        without the variances' products."""
+        assert self.mean_ is not None
+        A = self._design(X)
+        mean = A @ self.mean_
+        k = None
+        if self.local_ is not None:
+            Z, _, alpha = self.local_
+            k = self._kernel(A[:, self._columns], Z)
+            mean = mean + k @ alpha
+        return A, mean, k
 
     def log_ratio(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sd) of the log of each config's peak memory per GPU over HBM."""
@@ -259,18 +270,7 @@ class MemoryModel:
         est = self.estimate(X)
         if self.mean_ is None:
             return est
-        return est * np.exp(self._log_error_mean(X))
-
-    def _log_error_mean(self, X: np.ndarray) -> np.ndarray:
-        """:meth:`log_error`'s mean alone: what :meth:`fits` needs, for every candidate of a
-        study each time its memory model is refitted, without the variances' products."""
-        assert self.mean_ is not None
-        A = self._design(X)
-        mean = A @ self.mean_
-        if self.local_ is not None:
-            Z, _, alpha = self.local_
-            mean = mean + self._kernel(A[:, self._columns], Z) @ alpha
-        return mean
+        return est * np.exp(self._mean(X)[1])
 
     def p_fit(self, X: np.ndarray) -> np.ndarray:
         """Probability that each config's peak stays within ``limit`` of HBM."""
