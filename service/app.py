@@ -36,6 +36,7 @@ from service.metrics import REAPED
 from service.routes import dashboard, docs, health, studies, tokens, trials, ui
 from service.settings import ServiceSettings
 from service.timing import ServerTiming
+from service.warm import warm_up
 
 log = logging.getLogger("cubic.service")
 
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             watcher = asyncio.create_task(
                 background.watch(observer(tuner)), name="cubic-background"
             )
+        await warm_up(app, store, config.db_pool_size)
         try:
             yield
         finally:

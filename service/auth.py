@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 
 from cubic.errors import Forbidden, Unauthorized
@@ -70,8 +71,10 @@ class Caller:
             raise Forbidden("this trial is leased by another worker")
 
 
-def authenticate(request: Request) -> Caller:
-    """The caller of a request (401 without a valid token). Sync: it reads the database."""
+async def authenticate(request: Request) -> Caller:
+    """The caller of a request (401 without a valid token). Async, so that a request with
+    authentication off makes no thread hop for it; the token's lookup reads the database,
+    in a worker thread."""
     if not request.app.state.settings.auth:
         return Caller(None)
     header = request.headers.get("authorization", "")
@@ -81,7 +84,7 @@ def authenticate(request: Request) -> Caller:
             "an API token is needed: send 'Authorization: Bearer <token>' (the CLI and "
             "workers read CUBIC_TOKEN; an admin creates one with `cubic token create`)"
         )
-    token = request.app.state.store.token_for(secret.strip())
+    token = await anyio.to_thread.run_sync(request.app.state.store.token_for, secret.strip())
     if token is None:
         raise Unauthorized("unknown API token")
     if token.revoked:
@@ -93,7 +96,7 @@ def require(*roles: Role) -> object:
     """A dependency admitting ``roles`` (and admins) and returning the :class:`Caller`."""
     allowed = {Role.ADMIN, *roles}
 
-    def check(caller: Annotated[Caller, Depends(authenticate)]) -> Caller:
+    async def check(caller: Annotated[Caller, Depends(authenticate)]) -> Caller:
         if caller.role not in allowed:
             names = ", ".join(sorted(r.value for r in allowed))
             raise Forbidden(f"a {caller.role.value} token may not do this (needs: {names})")

@@ -1,5 +1,10 @@
 """Trials: list and read, and the worker protocol (lease, heartbeat, report, release), plus
-enqueued configs and imported history."""
+enqueued configs and imported history.
+
+The worker protocol's handlers are ``async`` and do their work in one worker thread
+(:func:`~service.deps.in_thread`): FastAPI runs a plain ``def`` handler in a thread and then
+validates its answer in another, and on a loaded machine each hop is a wait for the event
+loop and a thread to be scheduled again, on every call of every worker."""
 
 from __future__ import annotations
 
@@ -12,7 +17,15 @@ from cubic.outcome import Outcome
 from cubic.store.objects import Trial, TrialState
 from cubic.tuner import Tuner
 from service.auth import AnyRole, Caller, SubmitterRole, WorkerRole
-from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TrialId, TunerDep
+from service.deps import (
+    PageDep,
+    SettingsDep,
+    StoreDep,
+    StudyId,
+    TrialId,
+    TunerDep,
+    in_thread,
+)
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from service.schemas import (
     API_ERRORS,
@@ -31,6 +44,7 @@ from service.schemas import (
     TrialPage,
     TrialsOut,
 )
+from service.settings import ServiceSettings
 
 router = APIRouter(prefix="/v1", tags=["trials"], responses=API_ERRORS)
 
@@ -83,7 +97,7 @@ def get_trial(trial_id: TrialId, caller: AnyRole, store: StoreDep) -> TrialOut:
 
 
 @router.post("/studies/{study_id:int}/trials:lease", response_model=LeaseOut)
-def lease(
+async def lease(
     study_id: StudyId, req: LeaseRequest, caller: WorkerRole, tuner: TunerDep, settings: SettingsDep
 ) -> LeaseOut:
     """Lease up to ``count`` waiting trials; proposing runs in the background, never here.
@@ -91,6 +105,12 @@ def lease(
     Idempotent per worker: asking again returns the trials the worker already holds (their
     leases extended) before any new one, so a restarted worker loses nothing.
     """
+    return await in_thread(_lease, study_id, req, caller, tuner, settings)
+
+
+def _lease(
+    study_id: int, req: LeaseRequest, caller: Caller, tuner: Tuner, settings: ServiceSettings
+) -> LeaseOut:
     caller.check_study(study_id)
     caller.check_worker(tuner.store, req.worker_id)
     seconds = req.lease_seconds or settings.default_lease_s
@@ -104,7 +124,7 @@ def lease(
 
 
 @router.post("/trials/{trial_id:int}:heartbeat", response_model=HeartbeatOut, responses=_LEASE_409)
-def heartbeat(
+async def heartbeat(
     trial_id: TrialId,
     req: HeartbeatRequest,
     caller: WorkerRole,
@@ -117,6 +137,12 @@ def heartbeat(
     ``prune`` says when the trial can no longer matter: the worker then cancels its job and
     reports it ``pruned`` with the evidence.
     """
+    return await in_thread(_heartbeat, trial_id, req, caller, tuner, settings)
+
+
+def _heartbeat(
+    trial_id: int, req: HeartbeatRequest, caller: Caller, tuner: Tuner, settings: ServiceSettings
+) -> HeartbeatOut:
     _check_holder(caller, tuner, trial_id)
     seconds = req.lease_seconds or settings.default_lease_s
     trial = tuner.heartbeat(trial_id, req.lease_token, seconds)
@@ -126,13 +152,19 @@ def heartbeat(
 
 
 @router.post("/trials/{trial_id:int}:report", response_model=TrialOut, responses=_LEASE_409)
-def report(trial_id: TrialId, req: ReportRequest, caller: WorkerRole, tuner: TunerDep) -> TrialOut:
+async def report(
+    trial_id: TrialId, req: ReportRequest, caller: WorkerRole, tuner: TunerDep
+) -> TrialOut:
     """Record how a leased trial ended.
 
     Idempotent per lease token: resending the same report after a lost answer returns the
     same trial and changes nothing. A report under a lease that expired (and whose trial
     was retried elsewhere) is refused with 409 ``LeaseLost``.
     """
+    return await in_thread(_report, trial_id, req, caller, tuner)
+
+
+def _report(trial_id: int, req: ReportRequest, caller: Caller, tuner: Tuner) -> TrialOut:
     outcome = Outcome(req.state, req.metrics, req.error, req.log_tail)
     with REPORT_LATENCY.time():
         # The holder's check runs on the trial the report locks: one read, not two.
@@ -141,10 +173,14 @@ def report(trial_id: TrialId, req: ReportRequest, caller: WorkerRole, tuner: Tun
 
 
 @router.post("/trials/{trial_id:int}:release", response_model=TrialOut, responses=_LEASE_409)
-def release(
+async def release(
     trial_id: TrialId, req: ReleaseRequest, caller: WorkerRole, tuner: TunerDep
 ) -> TrialOut:
     """Give a leased trial back unrun (a worker shutting down); it waits for another."""
+    return await in_thread(_release, trial_id, req, caller, tuner)
+
+
+def _release(trial_id: int, req: ReleaseRequest, caller: Caller, tuner: Tuner) -> TrialOut:
     _check_holder(caller, tuner, trial_id)
     return TrialOut.from_trial(tuner.release(trial_id, req.lease_token))
 
