@@ -36,7 +36,7 @@ from service.metrics import REAPED
 from service.routes import dashboard, docs, health, studies, tokens, trials, ui
 from service.settings import ServiceSettings
 from service.timing import ServerTiming
-from service.warm import warm_up
+from service.warm import thaw, warm_up
 
 log = logging.getLogger("cubic.service")
 
@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            thaw()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper  # a reap in progress finishes first (threads are not killed)

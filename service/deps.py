@@ -2,7 +2,7 @@
 
 The lifespan puts the store, the tuner and the settings on ``app.state``; handlers receive
 them through these aliases and never build their own. The getters only read attributes, so
-they are ``async`` (no thread hop); the handlers that use them are plain ``def``.
+they are ``async`` (no thread hop).
 """
 
 from __future__ import annotations

@@ -2,15 +2,17 @@
 served as fast as the later ones.
 
 A cold process pays on its first calls for what it then keeps: FastAPI builds each router's
-routes (their validators and serialisers) on the first request that reaches them, the pool
-opens its database connections one by one as concurrent requests need them, and SQLAlchemy
-compiles each statement once. When a study's workers start together, all of that lands on
-their first calls at once; here it is paid before the process says it is ready.
+routes (their validators and serialisers) on the first request that reaches them, and the
+pool opens its database connections one by one as concurrent requests need them. When a
+study's workers start together, all of that lands on their first calls at once; here it is
+paid before the process says it is ready.
 
 Then the objects made at start-up (modules, routes, compiled statements: most of the heap)
 are frozen out of the garbage collector (:func:`gc.freeze`), so that a full collection
 while serving scans only what serving made, not the whole start-up heap again: unfrozen, a
 collection of the oldest generation held the process for 100-300 ms on a loaded machine.
+They are thawed when the app stops (:func:`thaw`), so that what the app held is collected
+once it is gone (a process that starts many apps, a test suite, would otherwise keep them).
 """
 
 from __future__ import annotations
@@ -65,3 +67,8 @@ def open_connections(store: Store, n: int) -> None:
     finally:
         for conn in held:
             conn.close()
+
+
+def thaw() -> None:
+    """Give what :func:`warm_up` froze back to the garbage collector (the app stopped)."""
+    gc.unfreeze()

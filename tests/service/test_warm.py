@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -17,13 +16,6 @@ from service import warm
 from service.app import create_app
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from tests.service.conftest import create, lease_answer, service_settings, simulate
-
-
-@pytest.fixture(autouse=True)
-def _unfrozen() -> Iterator[None]:
-    """What a started app froze stays collectable for the rest of the tests."""
-    yield
-    gc.unfreeze()
 
 
 def _count(metric: Any) -> float:
@@ -47,6 +39,8 @@ def test_an_api_process_is_warm_before_it_serves(migrated_url: str) -> None:
             for table in (StudyRow, TrialRow, TrialEventRow):
                 assert conn.scalar(select(func.count()).select_from(table)) == 0
         assert (_count(LEASE_LATENCY), _count(REPORT_LATENCY)) == counted
+    # once the app has stopped, what it held is collectable again
+    assert gc.get_freeze_count() == 0
 
 
 def test_an_api_process_whose_warm_up_fails_serves_cold(
