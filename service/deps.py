@@ -7,19 +7,15 @@ they are ``async`` (no thread hop).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
-import anyio
 from fastapi import Depends, Path, Query, Request
 
 from cubic.errors import InvalidInput
 from cubic.store import Store
 from cubic.tuner import Tuner
 from service.settings import ServiceSettings
-
-T = TypeVar("T")
 
 
 async def get_settings(request: Request) -> ServiceSettings:
@@ -32,12 +28,6 @@ async def get_store(request: Request) -> Store:
 
 async def get_tuner(request: Request) -> Tuner:
     return request.app.state.tuner
-
-
-async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a worker thread: what an ``async`` handler calls for its blocking
-    work, so that the request makes one thread hop (see :mod:`service.routes.trials`)."""
-    return await anyio.to_thread.run_sync(fn, *args)
 
 
 SettingsDep = Annotated[ServiceSettings, Depends(get_settings)]

@@ -2,30 +2,23 @@
 enqueued configs and imported history.
 
 The worker protocol's handlers are ``async`` and do their work in one worker thread
-(:func:`~service.deps.in_thread`): FastAPI runs a plain ``def`` handler in a thread and then
-validates its answer in another, and on a loaded machine each hop is a wait for the event
-loop and a thread to be scheduled again, on every call of every worker."""
+(``anyio.to_thread.run_sync``, as FastAPI does): FastAPI runs a plain ``def`` handler in a
+thread and then validates its answer in another, and on a loaded machine each hop is a wait
+for the event loop and a thread to be scheduled again, on every call of every worker."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, Query
 
 from cubic.outcome import Outcome
 from cubic.store.objects import Trial, TrialState
 from cubic.tuner import Tuner
 from service.auth import AnyRole, Caller, SubmitterRole, WorkerRole
-from service.deps import (
-    PageDep,
-    SettingsDep,
-    StoreDep,
-    StudyId,
-    TrialId,
-    TunerDep,
-    in_thread,
-)
+from service.deps import PageDep, SettingsDep, StoreDep, StudyId, TrialId, TunerDep
 from service.metrics import LEASE_LATENCY, REPORT_LATENCY
 from service.schemas import (
     API_ERRORS,
@@ -105,7 +98,7 @@ async def lease(
     Idempotent per worker: asking again returns the trials the worker already holds (their
     leases extended) before any new one, so a restarted worker loses nothing.
     """
-    return await in_thread(_lease, study_id, req, caller, tuner, settings)
+    return await anyio.to_thread.run_sync(_lease, study_id, req, caller, tuner, settings)
 
 
 def _lease(
@@ -137,7 +130,7 @@ async def heartbeat(
     ``prune`` says when the trial can no longer matter: the worker then cancels its job and
     reports it ``pruned`` with the evidence.
     """
-    return await in_thread(_heartbeat, trial_id, req, caller, tuner, settings)
+    return await anyio.to_thread.run_sync(_heartbeat, trial_id, req, caller, tuner, settings)
 
 
 def _heartbeat(
@@ -161,7 +154,7 @@ async def report(
     same trial and changes nothing. A report under a lease that expired (and whose trial
     was retried elsewhere) is refused with 409 ``LeaseLost``.
     """
-    return await in_thread(_report, trial_id, req, caller, tuner)
+    return await anyio.to_thread.run_sync(_report, trial_id, req, caller, tuner)
 
 
 def _report(trial_id: int, req: ReportRequest, caller: Caller, tuner: Tuner) -> TrialOut:
@@ -177,7 +170,7 @@ async def release(
     trial_id: TrialId, req: ReleaseRequest, caller: WorkerRole, tuner: TunerDep
 ) -> TrialOut:
     """Give a leased trial back unrun (a worker shutting down); it waits for another."""
-    return await in_thread(_release, trial_id, req, caller, tuner)
+    return await anyio.to_thread.run_sync(_release, trial_id, req, caller, tuner)
 
 
 def _release(trial_id: int, req: ReleaseRequest, caller: Caller, tuner: Tuner) -> TrialOut:

@@ -25,13 +25,13 @@ def _count(metric: Any) -> float:
 def test_an_api_process_is_warm_before_it_serves(migrated_url: str) -> None:
     gc.unfreeze()
     counted = _count(LEASE_LATENCY), _count(REPORT_LATENCY)
-    settings = service_settings(migrated_url, db_pool_size=3)
+    settings = service_settings(migrated_url, db_pool_size=8)
     with TestClient(create_app(settings)) as client:
         store = client.app.state.store  # type: ignore[attr-defined]
         # the pool holds the connections the first burst of requests will use (some may be
         # in the background proposer's hands now)
         pool = store.engine.pool
-        assert pool.checkedin() + pool.checkedout() >= 3
+        assert pool.checkedin() + pool.checkedout() >= 8
         # what start-up made is out of the garbage collector's full collections
         assert gc.get_freeze_count() > 0
         # the warm-up's calls wrote nothing and counted nothing
